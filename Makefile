@@ -1,0 +1,61 @@
+# Headroom developer entry points. `make help` lists them.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+export HEADROOM_BIN_DIR ?= $(HOME)/.cache/headroom/bin/current
+PYTEST_ARGS ?=
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Python 3.11+ is required" >&2; exit 1; }
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+.PHONY: venv
+venv: $(STAMP) ## Create the virtualenv with the operator and its dev tools.
+
+.PHONY: controlplane
+controlplane: ## Build (or reuse) kube-apiserver, kubectl, etcd and helm from their Go modules.
+	bash hack/controlplane/build.sh
+
+.PHONY: generate
+generate: venv ## Regenerate crds/ from the API models.
+	$(PY) hack/generate.py
+
+.PHONY: lint
+lint: venv ## ruff, mypy --strict and the import-layer contracts.
+	$(VENV)/bin/ruff check operator tests hack bench
+	$(VENV)/bin/ruff format --check operator tests hack bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+.PHONY: verify
+verify: venv lint ## Fail if generated files drifted from their source, or lint fails.
+	$(PY) hack/generate.py --check
+
+.PHONY: test-unit
+test-unit: venv ## Fast tests of the pure code; no cluster.
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+.PHONY: test
+test: venv controlplane verify ## Install what is missing, then run every test (unit, integration, e2e).
+	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
+
+.PHONY: dev
+dev: venv controlplane ## Local control plane + demo nodes; stays up until Ctrl-C (DEV_ONCE=1: run once, exit).
+	$(PY) -m headroom_dev.devcluster $(if $(DEV_ONCE),--once,)
+
+.PHONY: clean
+clean: ## Remove the virtualenv and caches (keeps the built binaries).
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .dev

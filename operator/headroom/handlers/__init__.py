@@ -1,0 +1,1 @@
+"""kopf wiring: thin handlers that call the ledger through the kube layer."""

@@ -1,0 +1,103 @@
+"""Shared fixtures.
+
+The control plane is real (kube-apiserver + etcd from ``hack/controlplane``),
+started once per test session on first use, so unit tests never pay for it.
+Each test that needs the cluster gets its own namespace, deleted afterwards.
+A control plane that cannot start fails the tests that need it, loudly.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from headroom_dev.apply import api_client as api_client_for
+from headroom_dev.apply import install_crds
+from headroom_dev.controlplane import ControlPlane, binary
+from headroom_dev.nodes import create_node
+
+ROOT = Path(__file__).resolve().parent.parent
+CRDS = ROOT / "crds"
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    with ControlPlane() as cp:
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def api_client(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    api = api_client_for(control_plane.kubeconfig)
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="session")
+def core(api_client: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client)
+
+
+@pytest.fixture(scope="session")
+def custom(api_client: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client)
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace for one test."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    # There is no namespace controller here, so the namespace stays Terminating;
+    # its name is unique, so that harms nothing.
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def make_node(core: client.CoreV1Api) -> Iterator[Callable[..., Any]]:
+    """Create Nodes with a memory capacity; they are deleted after the test."""
+    created: list[str] = []
+
+    def make(name: str | None = None, *, memory: str = "32Gi", **kwargs: Any) -> Any:
+        node_name = name or f"node-{uuid.uuid4().hex[:8]}"
+        created.append(node_name)
+        return create_node(core, node_name, memory=memory, **kwargs)
+
+    yield make
+    for name in created:
+        try:
+            core.delete_node(name)
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+
+
+@pytest.fixture(scope="session")
+def crds(api_client: client.ApiClient) -> list[str]:
+    """Install the generated CRDs and wait until the API server serves them."""
+    return install_crds(api_client, sorted(CRDS.glob("*.yaml")))
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane: ControlPlane) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the built kubectl as the admin: ``kubectl("get", "rsv", input=yaml_text)``."""
+    binary_path = str(binary("kubectl"))
+
+    def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [binary_path, f"--kubeconfig={control_plane.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    return run
