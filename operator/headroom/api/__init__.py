@@ -1,0 +1,1 @@
+"""The API layer: wire models, reasons and limits. Imports nothing of ours."""

@@ -1,0 +1,91 @@
+"""Over-commitment limits (seed: Limits, DefaultLimits).
+
+The ratio is held as an exact :class:`~fractions.Fraction` so that no admission
+decision ever depends on floating-point rounding: ``1.1`` in a config file means
+exactly 11/10, not 1.100000000000000088817841970012523.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from fractions import Fraction
+
+DEFAULT_MAX_OVERCOMMIT_RATIO = Fraction(1)
+DEFAULT_SYSTEM_RESERVE_MB = 1024
+DEFAULT_HEARTBEAT_STALE_WINDOW = timedelta(minutes=5)
+DEFAULT_MAX_ENTRIES_PER_NODE = 110  # the kubelet's default max pods per node
+
+#: Upper bounds shared by the config model, the node annotations and the CRD schema.
+MAX_RATIO = Fraction(100)
+MAX_MB = 1 << 40  # 1 EiB in MiB: far above any node, far below int64 overflow
+MAX_ENTRIES_PER_NODE = 100_000
+
+
+def parse_ratio(value: object) -> Fraction:
+    """Parse an overcommit ratio exactly from a YAML/annotation value.
+
+    Floats are read through their shortest ``repr`` (``1.1`` -> 11/10), strings
+    as decimals or fractions (``"1.5"``, ``"3/2"``). Raises ``ValueError`` naming
+    the value when it is not a number in ``[0, MAX_RATIO]``.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"overcommit ratio must be a number, got {value!r}")
+    try:
+        if isinstance(value, Fraction | int):
+            ratio = Fraction(value)
+        elif isinstance(value, float | str):
+            ratio = Fraction(repr(value) if isinstance(value, float) else value.strip())
+        else:
+            raise TypeError
+    except (ValueError, TypeError, ZeroDivisionError):
+        raise ValueError(f"overcommit ratio must be a number, got {value!r}") from None
+    if not 0 <= ratio <= MAX_RATIO:
+        raise ValueError(f"overcommit ratio must be between 0 and {MAX_RATIO}, got {value!r}")
+    return ratio
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-node admission limits.
+
+    ``max_overcommit_ratio``: reserved/total RAM allowed; 1 = none, 3/2 = 50 %,
+    0 = unlimited. ``system_reserve_mb`` is held back from allocation.
+    ``max_entries_per_node`` caps *active* reservations per node.
+    """
+
+    max_overcommit_ratio: Fraction = DEFAULT_MAX_OVERCOMMIT_RATIO
+    system_reserve_mb: int = DEFAULT_SYSTEM_RESERVE_MB
+    heartbeat_stale_window: timedelta = DEFAULT_HEARTBEAT_STALE_WINDOW
+    max_entries_per_node: int = DEFAULT_MAX_ENTRIES_PER_NODE
+
+    @property
+    def unlimited(self) -> bool:
+        """Ratio 0 means RAM is not limited at all."""
+        return self.max_overcommit_ratio == 0
+
+    def with_overrides(
+        self,
+        *,
+        max_overcommit_ratio: Fraction | None = None,
+        system_reserve_mb: int | None = None,
+        max_entries_per_node: int | None = None,
+    ) -> Limits:
+        """These limits with the given per-node overrides applied (None keeps the default)."""
+        return replace(
+            self,
+            max_overcommit_ratio=(
+                self.max_overcommit_ratio if max_overcommit_ratio is None else max_overcommit_ratio
+            ),
+            system_reserve_mb=(
+                self.system_reserve_mb if system_reserve_mb is None else system_reserve_mb
+            ),
+            max_entries_per_node=(
+                self.max_entries_per_node if max_entries_per_node is None else max_entries_per_node
+            ),
+        )
+
+
+def default_limits() -> Limits:
+    """Conservative defaults (seed: DefaultLimits): no overcommit, 1 GiB held back."""
+    return Limits()

@@ -1,0 +1,211 @@
+"""The Kubernetes API of Headroom, as pydantic models.
+
+These models are the one source of truth for the CRDs: ``headroom.api.crd``
+turns their JSON schema into the structural OpenAPI schemas in ``crds/``, and a
+test fails when the files drift. Field names are the camelCase names on the
+wire; descriptions become ``kubectl explain`` text, so they are written for the
+person reading it. Constraints here are the ones the API server enforces at
+``kubectl apply`` time; the operator re-validates with the same models.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from headroom.api.reasons import Phase, Reason
+
+GROUP = "headroom.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: 1 PiB in MiB: larger than any machine, small enough to never overflow int64 sums.
+MAX_RESERVATION_MB = 1 << 30
+#: Linux's PID_MAX_LIMIT.
+MAX_PID = 4_194_304
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+#: Annotation that carries an owner's heartbeat (RFC 3339), on a Reservation or its pod.
+HEARTBEAT_ANNOTATION = f"{GROUP}/heartbeat"
+
+MB = Annotated[int, Field(ge=0, le=MAX_RESERVATION_MB)]
+NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class Owner(_Model):
+    """Who holds the reservation. Informational, except ``pod``."""
+
+    exec_id: str | None = Field(
+        None, alias="execID", max_length=253, description="Execution ID of the owning run."
+    )
+    surface: str | None = Field(
+        None, max_length=63, description="Where the owner runs from, e.g. cli, api, notebook."
+    )
+    pid: int | None = Field(
+        None, ge=1, le=MAX_PID, description="Process ID of the owner on its node."
+    )
+    origin: str | None = Field(
+        None, max_length=63, description="What started the owner, e.g. batch, interactive."
+    )
+    pod: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description=(
+            "A pod in the reservation's namespace that owns it. Its "
+            f"`{HEARTBEAT_ANNOTATION}` annotation refreshes the heartbeat, and "
+            "deleting the pod releases the reservation. The pod must carry the label "
+            "`headroom.dev/owner=true` for the operator to watch it."
+        ),
+    )
+
+
+class ReservationSpec(_Model):
+    """A claim on a node's memory. Immutable: a different size is a new reservation."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.ramMB > 0 || (has(self.vramMB) && self.vramMB > 0)",
+                    "message": "at least one of spec.ramMB and spec.vramMB must be above 0",
+                    "fieldPath": ".ramMB",
+                    "reason": "FieldValueInvalid",
+                },
+                {
+                    "rule": "self == oldSelf",
+                    "message": (
+                        "spec is immutable: to change a reservation, delete it and create a new one"
+                    ),
+                },
+            ]
+        },
+    )
+
+    node: NodeName = Field(description="Name of the Node to reserve memory on.")
+    ram_mb: MB = Field(alias="ramMB", description="RAM to reserve, in MiB.")
+    vram_mb: MB = Field(
+        0,
+        alias="vramMB",
+        description=(
+            "GPU memory to reserve, in MiB. Enforced only on nodes whose VRAM capacity "
+            "is known from GPU labels."
+        ),
+    )
+    owner: Owner | None = Field(None, description="Who holds the reservation.")
+    expires_at: datetime | None = Field(
+        None,
+        alias="expiresAt",
+        description="Hard expiry (RFC 3339). The reservation is reclaimed after it.",
+    )
+    description: str | None = Field(None, max_length=1024, description="Free text for people.")
+
+
+class Condition(_Model):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    type: str = Field(max_length=316, description="Type of condition, e.g. Admitted.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(max_length=1024, description="CamelCase reason for the last transition.")
+    message: str = Field("", max_length=32768, description="Human-readable details.")
+    last_transition_time: datetime = Field(
+        alias="lastTransitionTime", description="When the status last changed."
+    )
+    observed_generation: int | None = Field(
+        None, alias="observedGeneration", ge=0, description="Generation this was set from."
+    )
+
+
+class ReservationStatus(_Model):
+    """Written only by the operator (status subresource)."""
+
+    phase: Phase = Field(description="Pending, Admitted, Rejected or Reclaimed.")
+    reason: Reason | None = Field(None, description="Machine-readable reason for the phase.")
+    message: str | None = Field(
+        None, max_length=4096, description="One sentence with the numbers that decided it."
+    )
+    admitted_at: datetime | None = Field(
+        None, alias="admittedAt", description="When the reservation was admitted."
+    )
+    last_heartbeat: datetime | None = Field(
+        None, alias="lastHeartbeat", description="Last heartbeat the operator recorded."
+    )
+    reclaimed_at: datetime | None = Field(
+        None, alias="reclaimedAt", description="When the reservation was reclaimed."
+    )
+    decision_id: str | None = Field(
+        None,
+        alias="decisionID",
+        max_length=128,
+        description="Stamp of the operator decision that set the phase.",
+    )
+    observed_generation: int | None = Field(
+        None, alias="observedGeneration", ge=0, description="Generation of the decided spec."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Standard conditions; `Admitted` carries the decision.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+
+
+class NodeHeadroomStatus(_Model):
+    """One node's headroom (seed: NodeSummary), kept current by the operator."""
+
+    capacity_known: bool = Field(
+        alias="capacityKnown", description="Whether the node's RAM capacity is known."
+    )
+    total_ram_mb: MB = Field(alias="totalRAMMB", description="Node RAM the ledger counts, MiB.")
+    system_reserve_mb: MB = Field(
+        alias="systemReserveMB", description="RAM held back from reservations, MiB."
+    )
+    max_overcommit_ratio: str = Field(
+        alias="maxOvercommitRatio",
+        max_length=32,
+        description="Overcommit ratio in force, exact decimal; 0 means unlimited.",
+    )
+    limit_ram_mb: MB | None = Field(
+        None,
+        alias="limitRAMMB",
+        description="total × ratio − reserve: the most that can be reserved; absent if unlimited.",
+    )
+    reserved_ram_mb: MB = Field(alias="reservedRAMMB", description="RAM admitted, MiB.")
+    allocatable_ram_mb: MB = Field(
+        alias="allocatableRAMMB", description="RAM that can still be reserved, MiB."
+    )
+    reserved_vram_mb: MB = Field(alias="reservedVRAMMB", description="VRAM admitted, MiB.")
+    vram_capacity_mb: MB | None = Field(
+        None,
+        alias="vramCapacityMB",
+        description="VRAM capacity from GPU labels, MiB; absent when unknown (not enforced).",
+    )
+    active_entries: int = Field(
+        alias="activeEntries", ge=0, description="Admitted reservations on the node."
+    )
+    stale_entries: int = Field(
+        alias="staleEntries", ge=0, description="Admitted reservations past the heartbeat window."
+    )
+    max_entries: int = Field(alias="maxEntries", ge=0, description="Cap on active entries.")
+    utilization_percent: int = Field(
+        alias="utilizationPercent",
+        ge=0,
+        description="Reserved RAM as a whole percent of total RAM (display only).",
+    )
+    over_committed: bool = Field(
+        alias="overCommitted",
+        description="Reserved RAM exceeds the limit, e.g. after the node shrank.",
+    )
+    updated_at: datetime | None = Field(
+        None, alias="updatedAt", description="When the operator last wrote this summary."
+    )

@@ -1,0 +1,39 @@
+"""Machine-readable reasons for every ledger decision.
+
+A reason is the CamelCase word that lands in ``status.reason`` and in Event
+reasons, so that placement code can switch on it while people read the message.
+The set is closed: adding a member is an API change.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why a reservation was admitted, refused or reclaimed."""
+
+    # Admission.
+    FITS = "Fits"
+    NODE_UNKNOWN = "NodeUnknown"
+    INSUFFICIENT_RAM = "InsufficientRAM"
+    INSUFFICIENT_VRAM = "InsufficientVRAM"
+    TOO_MANY_ENTRIES = "TooManyEntries"
+    DUPLICATE_ID = "DuplicateID"
+    ALREADY_EXPIRED = "AlreadyExpired"
+    INVALID_SPEC = "InvalidSpec"
+    # Reclaim.
+    HEARTBEAT_STALE = "HeartbeatStale"
+    EXPIRED = "Expired"
+    OWNER_POD_DELETED = "OwnerPodDeleted"
+    # Rebuild: an admitted entry that no longer fits its node's limits.
+    OVER_COMMITTED = "OverCommitted"
+
+
+class Phase(StrEnum):
+    """Lifecycle of a Reservation, as written to ``status.phase``."""
+
+    PENDING = "Pending"
+    ADMITTED = "Admitted"
+    REJECTED = "Rejected"
+    RECLAIMED = "Reclaimed"
