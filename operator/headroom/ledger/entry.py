@@ -1,0 +1,47 @@
+"""A reservation as the ledger sees it (seed: Entry, IsExpired, IsStale)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who holds a reservation (seed: OwnerExecID, OwnerSurface, OwnerPID, OwnerOrigin)."""
+
+    exec_id: str | None = None
+    surface: str | None = None
+    pid: int | None = None
+    origin: str | None = None
+    pod: str | None = None
+
+
+@dataclass(slots=True)
+class Entry:
+    """One admitted (or requested) reservation. Times are timezone-aware UTC."""
+
+    id: str
+    node: str
+    ram_mb: int
+    created_at: datetime
+    last_heartbeat: datetime
+    vram_mb: int = 0
+    expires_at: datetime | None = None
+    owner: Owner = field(default_factory=Owner)
+    description: str = ""
+
+    def is_expired(self, now: datetime) -> bool:
+        """The entry has a hard expiry and it has passed."""
+        return self.expires_at is not None and self.expires_at <= now
+
+    def is_stale(self, now: datetime, window: timedelta) -> bool:
+        """The last heartbeat is older than ``window``."""
+        return now - self.last_heartbeat > window
+
+    def deadline(self, window: timedelta) -> datetime:
+        """The first moment the entry is stale or expired, whichever comes first."""
+        stale_at = self.last_heartbeat + window
+        if self.expires_at is not None and self.expires_at < stale_at:
+            return self.expires_at
+        return stale_at

@@ -1,0 +1,328 @@
+"""The reservation ledger (seed: Ledger): pure, exact, O(1) per operation.
+
+No I/O and no clock: every method that needs the time takes ``now``. The
+operator owns the only instance and calls it from one thread, so there are no
+locks; callers serialize.
+
+Costs: reserve, release and heartbeat touch one entry and one node's running
+totals. Reclaim pops a heap of deadlines (one item per entry); a heartbeat does
+not touch the heap — a popped item whose entry has since heartbeated is pushed
+back at its new deadline — so reclaim costs O(log n) per entry it examines, and
+it only examines entries whose recorded deadline has passed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from headroom.api.limits import Limits
+from headroom.api.reasons import Reason
+from headroom.ledger.entry import Entry
+from headroom.ledger.node import NodeState, format_ratio
+from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
+
+
+class UnknownEntryError(LookupError):
+    """No active entry has this id (never reserved, released or reclaimed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    admitted: bool
+    reason: Reason
+    message: str
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaimed:
+    entry: Entry
+    reason: Reason  # HEARTBEAT_STALE or EXPIRED
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    """Entries restored at start-up that no longer fit their node; kept, not dropped."""
+
+    over_committed: list[Entry] = field(default_factory=list)
+
+
+class Ledger:
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._nodes: dict[str, NodeState] = {}
+        self._entries: dict[str, Entry] = {}
+        self._deadlines: list[tuple[datetime, int, str]] = []
+        self._live: dict[str, int] = {}  # entry id -> sequence of its one live heap item
+        self._sequence = itertools.count()
+        self._reserved_mb = self._released_mb = self._reclaimed_mb = 0
+        self._failures: Counter[Reason] = Counter()
+
+    # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
+
+    def _node(self, name: str) -> NodeState:
+        state = self._nodes.get(name)
+        if state is None:
+            state = self._nodes[name] = NodeState(name, self.limits)
+        return state
+
+    def set_node_capacity(
+        self,
+        node: str,
+        total_ram_mb: int,
+        vram_mb: int | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        """Node added or resized. Never evicts: a shrink below reserved is over-commitment."""
+        state = self._node(node)
+        old_window = state.limits.heartbeat_stale_window
+        state.total_ram_mb, state.vram_mb = total_ram_mb, vram_mb
+        state.limits = limits or self.limits
+        if state.limits.heartbeat_stale_window < old_window:
+            for entry in state.entries.values():  # deadlines moved earlier
+                self._schedule(entry)
+
+    def remove_node(self, node: str) -> None:
+        """Capacity becomes unknown. Active entries stay until released or reclaimed."""
+        state = self._nodes.get(node)
+        if state is None:
+            return
+        if state.entries:
+            state.total_ram_mb = state.vram_mb = None
+        else:
+            del self._nodes[node]
+
+    def limits_for(self, node: str) -> Limits:
+        state = self._nodes.get(node)
+        return state.limits if state is not None else self.limits
+
+    def nodes(self) -> list[str]:
+        return list(self._nodes)
+
+    # -- reserve / release / heartbeat -----------------------------------------------------
+
+    def reserve(self, entry: Entry, now: datetime) -> Decision:
+        """Admit ``entry`` iff it fits (seed: Reserve). A refusal changes nothing but counters."""
+        refusal = self._refusal(entry, now)
+        if refusal is not None:
+            reason, message = refusal
+            self._failures[reason] += 1
+            return Decision(False, reason, message, entry)
+        state = self._node(entry.node)
+        self._add(state, entry)
+        limit = state.limit_ram_mb()
+        message = (
+            f"node {entry.node}: reserved {entry.ram_mb} MiB RAM"
+            + (f" and {entry.vram_mb} MiB VRAM" if entry.vram_mb else "")
+            + (
+                f"; {limit - state.reserved_ram_mb} MiB still allocatable"
+                if limit is not None
+                else "; RAM not limited on this node"
+            )
+        )
+        return Decision(True, Reason.FITS, message, entry)
+
+    def _refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
+        node = entry.node
+        if entry.ram_mb < 0 or entry.vram_mb < 0 or entry.ram_mb + entry.vram_mb == 0:
+            return Reason.INVALID_SPEC, (
+                f"ramMB {entry.ram_mb} and vramMB {entry.vram_mb}: at least one must be above 0 "
+                "and neither below 0"
+            )
+        if entry.id in self._entries:
+            return Reason.DUPLICATE_ID, f"reservation {entry.id} already holds an entry"
+        if entry.expires_at is not None and entry.expires_at <= now:
+            return Reason.ALREADY_EXPIRED, (
+                f"expiresAt {entry.expires_at.isoformat()} is not after now ({now.isoformat()})"
+            )
+        state = self._nodes.get(node)
+        if state is None or not state.known:
+            return Reason.NODE_UNKNOWN, (
+                f"node {node}: capacity unknown (no such Node, or it reports no memory)"
+            )
+        cap = state.limits.max_entries_per_node
+        if len(state.entries) >= cap:
+            return Reason.TOO_MANY_ENTRIES, (
+                f"node {node}: {len(state.entries)} active reservations, the cap is {cap}"
+            )
+        limit = state.limit_ram_mb()
+        if limit is not None and state.reserved_ram_mb + entry.ram_mb > limit:
+            return Reason.INSUFFICIENT_RAM, (
+                f"node {node}: requested {entry.ram_mb} MiB, allocatable "
+                f"{max(limit - state.reserved_ram_mb, 0)} MiB (total {state.total_ram_mb} × "
+                f"{format_ratio(state.limits.max_overcommit_ratio)} − reserve "
+                f"{state.limits.system_reserve_mb} − reserved {state.reserved_ram_mb})"
+            )
+        if state.vram_mb is not None and state.reserved_vram_mb + entry.vram_mb > state.vram_mb:
+            return Reason.INSUFFICIENT_VRAM, (
+                f"node {node}: requested {entry.vram_mb} MiB VRAM, allocatable "
+                f"{max(state.vram_mb - state.reserved_vram_mb, 0)} MiB (VRAM {state.vram_mb} − "
+                f"reserved {state.reserved_vram_mb})"
+            )
+        return None
+
+    def _add(self, state: NodeState, entry: Entry) -> None:
+        state.add(entry)
+        self._entries[entry.id] = entry
+        self._reserved_mb += entry.ram_mb
+        self._schedule(entry)
+
+    def _schedule(self, entry: Entry) -> None:
+        sequence = next(self._sequence)
+        self._live[entry.id] = sequence
+        window = self._nodes[entry.node].limits.heartbeat_stale_window
+        heapq.heappush(self._deadlines, (entry.deadline(window), sequence, entry.id))
+
+    def _remove(self, entry_id: str) -> Entry:
+        entry = self._entries.pop(entry_id)
+        self._live.pop(entry_id, None)
+        state = self._nodes[entry.node]
+        state.remove(entry_id)
+        if not state.entries and not state.known:
+            del self._nodes[entry.node]
+        return entry
+
+    def release(self, entry_id: str) -> Entry:
+        """Return an entry's capacity (seed: Release). UnknownEntryError changes nothing."""
+        if entry_id not in self._entries:
+            raise UnknownEntryError(entry_id)
+        entry = self._remove(entry_id)
+        self._released_mb += entry.ram_mb
+        return entry
+
+    def heartbeat(self, entry_id: str, at: datetime) -> Entry:
+        """Refresh liveness (seed: Heartbeat); never moves it backwards."""
+        entry = self._entries.get(entry_id)
+        if entry is None:
+            raise UnknownEntryError(entry_id)
+        if at > entry.last_heartbeat:
+            entry.last_heartbeat = at
+        return entry
+
+    # -- reclaim (seed: Reclaim, Reconcile) ----------------------------------------------------
+
+    def reclaim(self, now: datetime) -> list[Reclaimed]:
+        """Remove every stale or expired entry; expiry wins when both apply."""
+        reclaimed: list[Reclaimed] = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, sequence, entry_id = heapq.heappop(heap)
+            if self._live.get(entry_id) != sequence:
+                continue  # released, or rescheduled by a newer item
+            entry = self._entries[entry_id]
+            window = self._nodes[entry.node].limits.heartbeat_stale_window
+            if entry.is_expired(now):
+                reason = Reason.EXPIRED
+                message = f"expired at {entry.expires_at.isoformat() if entry.expires_at else ''}"
+            elif entry.is_stale(now, window):
+                reason = Reason.HEARTBEAT_STALE
+                message = (
+                    f"no heartbeat since {entry.last_heartbeat.isoformat()}, "
+                    f"window {int(window.total_seconds())}s"
+                )
+            else:
+                self._schedule(entry)  # heartbeated since it was scheduled
+                continue
+            self._remove(entry_id)
+            self._reclaimed_mb += entry.ram_mb
+            reclaimed.append(Reclaimed(entry, reason, message))
+        return reclaimed
+
+    def next_deadline(self) -> datetime | None:
+        """No entry can go stale or expire before this (it may be earlier than needed)."""
+        heap = self._deadlines
+        while heap and self._live.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    def restore(self, entries: Iterable[Entry]) -> RestoreResult:
+        """Put back entries admitted before a restart, without re-deciding them.
+
+        Entries that no longer fit (limits or capacity changed meanwhile) are kept and
+        reported, oldest first kept within the limit, so the operator can surface them.
+        """
+        touched: set[str] = set()
+        for entry in sorted(entries, key=lambda e: (e.created_at, e.id)):
+            if entry.id in self._entries:
+                continue
+            self._add(self._node(entry.node), entry)
+            touched.add(entry.node)
+        over: list[Entry] = []
+        for node in touched:
+            state = self._nodes[node]
+            limit = state.limit_ram_mb()
+            ram = vram = 0
+            for entry in sorted(state.entries.values(), key=lambda e: (e.created_at, e.id)):
+                ram, vram = ram + entry.ram_mb, vram + entry.vram_mb
+                if (limit is not None and ram > limit) or (
+                    state.vram_mb is not None and vram > state.vram_mb
+                ):
+                    over.append(entry)
+        return RestoreResult(over)
+
+    @classmethod
+    def rebuild(
+        cls,
+        limits: Limits,
+        nodes: Iterable[tuple[str, int, int | None, Limits | None]],
+        entries: Iterable[Entry],
+    ) -> tuple[Ledger, RestoreResult]:
+        """A ledger from node capacities and admitted entries (seed: Load)."""
+        ledger = cls(limits)
+        for name, total, vram, node_limits in nodes:
+            ledger.set_node_capacity(name, total, vram, node_limits)
+        return ledger, ledger.restore(entries)
+
+    # -- queries (seed: AllocatableRAM, NodeSummaryFor, Summary, Entries, Metrics) --------------
+
+    def get(self, entry_id: str) -> Entry | None:
+        return self._entries.get(entry_id)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries.values())
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def entries_for_node(self, node: str) -> list[Entry]:
+        state = self._nodes.get(node)
+        return list(state.entries.values()) if state else []
+
+    def allocatable_ram(self, node: str) -> int:
+        state = self._nodes.get(node)
+        return allocatable(state) if state else 0
+
+    def node_summary(self, node: str, now: datetime) -> NodeSummary:
+        return summarize(self._nodes.get(node) or NodeState(node, self.limits), now)
+
+    def summary(self, now: datetime) -> ClusterSummary:
+        nodes = [summarize(state, now) for _, state in sorted(self._nodes.items())]
+        return ClusterSummary(
+            nodes=nodes,
+            total_reserved_mb=sum(n.reserved_ram_mb for n in nodes),
+            total_vram_mb=sum(n.reserved_vram_mb for n in nodes),
+            active_entries=len(self._entries),
+            stale_entries=sum(n.stale_entries for n in nodes),
+        )
+
+    def metrics(self) -> Metrics:
+        return Metrics(
+            reserved_mb=self._reserved_mb,
+            released_mb=self._released_mb,
+            reclaimed_mb=self._reclaimed_mb,
+            reserve_failures=sum(self._failures.values()),
+            active_entries=len(self._entries),
+            active_mb=sum(s.reserved_ram_mb for s in self._nodes.values()),
+            failures_by_reason=dict(self._failures),
+        )

@@ -1,0 +1,92 @@
+"""Read-only views of the ledger (seed: NodeSummary, ClusterSummary, Metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from fractions import Fraction
+
+from headroom.api.models import MAX_RESERVATION_MB
+from headroom.api.reasons import Reason
+from headroom.ledger.node import NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    node: str
+    capacity_known: bool
+    total_ram_mb: int
+    system_reserve_mb: int
+    max_overcommit_ratio: Fraction
+    limit_ram_mb: int | None  # None: unlimited, or capacity unknown
+    reserved_ram_mb: int
+    allocatable_ram_mb: int
+    reserved_vram_mb: int
+    vram_capacity_mb: int | None
+    active_entries: int
+    stale_entries: int
+    max_entries: int
+    utilization_pct: float  # display only; never used in a decision
+    over_committed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSummary:
+    nodes: list[NodeSummary]
+    total_reserved_mb: int
+    total_vram_mb: int
+    active_entries: int
+    stale_entries: int
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Counters since this ledger was built. reserved − released − reclaimed = active MiB."""
+
+    reserved_mb: int
+    released_mb: int
+    reclaimed_mb: int
+    reserve_failures: int
+    active_entries: int
+    active_mb: int
+    failures_by_reason: Mapping[Reason, int] = field(default_factory=dict)
+
+
+def allocatable(state: NodeState) -> int:
+    """RAM still reservable: 0 when unknown, clamped at 0 when over-committed.
+
+    With ratio 0 (unlimited) RAM is not enforced, so the answer is the largest
+    reservation the API accepts.
+    """
+    if not state.known:
+        return 0
+    limit = state.limit_ram_mb()
+    if limit is None:
+        return MAX_RESERVATION_MB
+    return max(limit - state.reserved_ram_mb, 0)
+
+
+def summarize(state: NodeState, now: datetime) -> NodeSummary:
+    window = state.limits.heartbeat_stale_window
+    stale = sum(1 for e in state.entries.values() if e.is_stale(now, window))
+    total = state.total_ram_mb or 0
+    limit = state.limit_ram_mb()
+    return NodeSummary(
+        node=state.name,
+        capacity_known=state.known,
+        total_ram_mb=total,
+        system_reserve_mb=state.limits.system_reserve_mb,
+        max_overcommit_ratio=state.limits.max_overcommit_ratio,
+        limit_ram_mb=limit,
+        reserved_ram_mb=state.reserved_ram_mb,
+        allocatable_ram_mb=allocatable(state),
+        reserved_vram_mb=state.reserved_vram_mb,
+        vram_capacity_mb=state.vram_mb,
+        active_entries=len(state.entries),
+        stale_entries=stale,
+        max_entries=state.limits.max_entries_per_node,
+        utilization_pct=100.0 * state.reserved_ram_mb / total if total else 0.0,
+        over_committed=(limit is not None and state.reserved_ram_mb > limit)
+        or (state.vram_mb is not None and state.reserved_vram_mb > state.vram_mb),
+    )
