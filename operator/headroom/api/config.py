@@ -1,0 +1,140 @@
+"""The operator's configuration file, validated before anything starts.
+
+One YAML document, camelCase like every Kubernetes config (see the README for
+the defaults). Unknown keys are errors, not silently ignored: a typo such as
+``systemReserveMb`` must stop the operator with the field named, not run it with
+the default. Durations are Go-style strings (``90s``, ``5m``, ``1h30m``) or
+seconds as a number.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from decimal import Decimal
+from fractions import Fraction
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from headroom.api.limits import (
+    DEFAULT_MAX_ENTRIES_PER_NODE,
+    DEFAULT_SYSTEM_RESERVE_MB,
+    MAX_ENTRIES_PER_NODE,
+    MAX_MB,
+    Limits,
+    parse_ratio,
+)
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_duration(value: object) -> timedelta:
+    """``"5m"``, ``"1h30m"``, ``"250ms"`` or a number of seconds -> timedelta (> 0)."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and value and _DURATION.sub("", value.strip()) == "":
+        seconds = sum(float(n) * _UNIT[u] for n, u in _DURATION.findall(value.strip()))
+    else:
+        raise ValueError(f"not a duration (use e.g. 90s, 5m, 1h): {value!r}")
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    return timedelta(seconds=seconds)
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+Ratio = Annotated[Fraction, BeforeValidator(parse_ratio)]
+
+
+class LimitsConfig(BaseModel):
+    """Default limits for every node; Node annotations override them per node."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    max_overcommit_ratio: Ratio = Field(Fraction(1), alias="maxOvercommitRatio")
+    system_reserve_mb: int = Field(
+        DEFAULT_SYSTEM_RESERVE_MB, alias="systemReserveMB", ge=0, le=MAX_MB
+    )
+    heartbeat_stale_window: Duration = Field(timedelta(minutes=5), alias="heartbeatStaleWindow")
+    max_entries_per_node: int = Field(
+        DEFAULT_MAX_ENTRIES_PER_NODE, alias="maxEntriesPerNode", ge=1, le=MAX_ENTRIES_PER_NODE
+    )
+
+    def to_limits(self) -> Limits:
+        return Limits(
+            max_overcommit_ratio=self.max_overcommit_ratio,
+            system_reserve_mb=self.system_reserve_mb,
+            heartbeat_stale_window=self.heartbeat_stale_window,
+            max_entries_per_node=self.max_entries_per_node,
+        )
+
+
+class OperatorConfig(BaseModel):
+    """Everything the operator reads at start."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    ram_source: Literal["allocatable", "capacity"] = Field(
+        "allocatable",
+        alias="ramSource",
+        description="Which Node figure is a node's total RAM.",
+    )
+    sweep_period: Duration = Field(
+        timedelta(seconds=10),
+        alias="sweepPeriod",
+        description="Longest sleep of the reclaim sweeper between checks.",
+    )
+    reclaimed_retention: Duration = Field(
+        timedelta(hours=1),
+        alias="reclaimedRetention",
+        description="How long a Reclaimed reservation stays before it is deleted.",
+    )
+    summary_interval: Duration = Field(
+        timedelta(seconds=1),
+        alias="summaryInterval",
+        description="Shortest time between two writes of one NodeHeadroom.",
+    )
+    heartbeat_write_fraction: Decimal = Field(
+        Decimal("0.25"),
+        alias="heartbeatWriteFraction",
+        gt=0,
+        le=1,
+        description=(
+            "status.lastHeartbeat is written again only once the heartbeat has moved "
+            "by this fraction of the stale window."
+        ),
+    )
+    resync_period: Duration = Field(
+        timedelta(minutes=10),
+        alias="resyncPeriod",
+        description="How often the ledger is checked against a full list of Reservations.",
+    )
+    metrics_port: int = Field(8080, alias="metricsPort", ge=0, le=65535)
+    metrics_host: str = Field("0.0.0.0", alias="metricsHost")  # a pod listens on all interfaces
+
+
+class ConfigError(ValueError):
+    """A bad config file; the message names the field and the value."""
+
+
+def parse_config(text: str, source: str = "config") -> OperatorConfig:
+    """Parse and validate a YAML config document (empty means all defaults)."""
+    try:
+        raw: Any = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{source}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top, got {type(raw).__name__}")
+    try:
+        return OperatorConfig.model_validate(raw)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+            for e in error.errors()
+        )
+        raise ConfigError(f"{source}: {problems}") from None

@@ -1,0 +1,202 @@
+"""Admission: one decider, in creation order, decisions in memory before any await.
+
+Reservations waiting for a decision sit in a queue keyed by uid. One task drains
+it: each batch is sorted by creation time (ties by the order the watch delivered
+them, which follows etcd's revision order), and each reservation is decided by
+the pure ledger synchronously, so two reservations can never both take the same
+last bit of headroom. Only then is the decision written to status; the writes of
+a batch proceed concurrently, and a write that fails rolls its entry back out of
+the ledger and puts the reservation back in the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import aiohttp
+
+from headroom.api.reasons import Reason
+from headroom.kube.client import JSON, ApiError, KubeClient, retrying
+from headroom.kube.events import EventRecorder
+from headroom.kube.metrics import OperatorMetrics
+from headroom.kube.objects import reservation_entry
+from headroom.kube.state import State, Tracked
+from headroom.kube.status import decision_status, reservation_ref, write_status
+
+log = logging.getLogger(__name__)
+_RETRY_DELAY = 1.0
+
+
+@dataclass(slots=True)
+class Pending:
+    uid: str
+    namespace: str
+    name: str
+    obj: JSON
+    order: tuple[str, int]
+    seen: float = field(default_factory=time.monotonic)
+
+
+class Admission:
+    def __init__(
+        self, state: State, client: KubeClient, events: EventRecorder, metrics: OperatorMetrics
+    ) -> None:
+        self._state, self._client, self._events, self._metrics = state, client, events, metrics
+        self._queue: dict[str, Pending] = {}
+        self._wake = asyncio.Event()
+        self._sequence = itertools.count()
+        self._writes: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.run_id = uuid.uuid4().hex[:8]
+        self._decisions = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def submit(self, obj: JSON) -> None:
+        """Queue an undecided reservation (idempotent: a uid is queued once)."""
+        metadata = obj["metadata"]
+        uid = metadata["uid"]
+        if uid in self._queue:
+            self._queue[uid].obj = obj  # newest body, e.g. a heartbeat annotation
+            return
+        order = (metadata.get("creationTimestamp", ""), next(self._sequence))
+        self._queue[uid] = Pending(uid, metadata["namespace"], metadata["name"], obj, order)
+        self._wake.set()
+
+    def withdraw(self, uid: str) -> None:
+        self._queue.pop(uid, None)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="admission")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch = sorted(self._queue.values(), key=lambda p: p.order)
+            self._queue.clear()
+            for pending in batch:
+                self._decide(pending)
+
+    def _decide(self, pending: Pending) -> None:
+        """Decide one reservation and start its status write. No await in here."""
+        state, now = self._state, datetime.now(UTC)
+        decision_id = f"{self.run_id}-{next(self._decisions)}"
+        try:
+            entry = reservation_entry(pending.obj, now)
+        except ValueError as error:
+            state.rejected.add(pending.uid)
+            self._start_write(
+                pending, False, Reason.INVALID_SPEC, str(error), now, decision_id, None
+            )
+            return
+        entry_id = entry.id
+        if entry_id in state.tracked:  # a namesake from before a missed DELETED event
+            state.release(entry_id)
+        decision = state.ledger.reserve(entry, now)
+        if decision.admitted:
+            owner_pod = entry.owner.pod if entry.owner else None
+            state.track(
+                entry,
+                Tracked(
+                    pending.uid,
+                    pending.namespace,
+                    pending.name,
+                    entry.node,
+                    owner_pod,
+                    entry.last_heartbeat,
+                ),
+            )
+        else:
+            state.rejected.add(pending.uid)
+        self._start_write(
+            pending,
+            decision.admitted,
+            decision.reason,
+            decision.message,
+            now,
+            decision_id,
+            entry.last_heartbeat,
+        )
+
+    def _start_write(
+        self,
+        pending: Pending,
+        admitted: bool,
+        reason: Reason,
+        message: str,
+        now: datetime,
+        decision_id: str,
+        heartbeat: datetime | None,
+    ) -> None:
+        generation = pending.obj["metadata"].get("generation")
+        status = decision_status(
+            admitted=admitted,
+            reason=reason,
+            message=message,
+            now=now,
+            generation=generation,
+            decision_id=decision_id,
+            last_heartbeat=heartbeat,
+        )
+        task = asyncio.create_task(self._write(pending, admitted, reason, message, status))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write(
+        self, pending: Pending, admitted: bool, reason: Reason, message: str, status: JSON
+    ) -> None:
+        state, entry_id = self._state, f"{pending.namespace}/{pending.name}"
+        try:
+            await retrying(
+                lambda: write_status(
+                    self._client, pending.namespace, pending.name, pending.uid, status
+                )
+            )
+        except ApiError as error:
+            if error.not_found or error.status == 422:  # deleted, or a namesake now
+                state.release(entry_id, pending.uid)
+                state.rejected.discard(pending.uid)
+                return
+            self._roll_back(pending, entry_id, error)
+            return
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            self._roll_back(pending, entry_id, error)
+            return
+        self._metrics.admission_latency.observe(time.monotonic() - pending.seen)
+        self._metrics.decisions.labels(status["phase"]).inc()
+        self._events.record(
+            reservation_ref(pending.namespace, pending.name, pending.uid),
+            str(reason),
+            message,
+            "Normal" if admitted else "Warning",
+        )
+
+    def _roll_back(self, pending: Pending, entry_id: str, error: Exception) -> None:
+        log.warning(
+            "status of %s not written (%s); decision rolled back, retrying", entry_id, error
+        )
+        self._metrics.status_write_failures.inc()
+        self._state.release(entry_id, pending.uid)
+        self._state.rejected.discard(pending.uid)
+        loop = asyncio.get_running_loop()
+        loop.call_later(_RETRY_DELAY, self._requeue, pending)
+
+    def _requeue(self, pending: Pending) -> None:
+        if pending.uid not in self._queue:
+            self._queue[pending.uid] = pending
+            self._wake.set()

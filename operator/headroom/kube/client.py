@@ -1,0 +1,223 @@
+"""A small typed async client for the few API calls the operator makes.
+
+Why not the official client: it is synchronous, so every call from an async
+handler would need a thread, and its model deserialization costs more CPU than
+the call itself. kopf already brings aiohttp; this wraps it with the same
+credentials the official client's loader finds (kubeconfig or in-cluster), so
+kopf and Headroom authenticate identically. Bodies are plain JSON dicts; the
+typed layer above builds them from the pydantic models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import aiohttp
+
+JSON = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status, self.reason, self.message = status, reason, message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Where the API server is and how to prove who we are."""
+
+    server: str
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    token: str | None = None
+    verify: bool = True
+
+    @classmethod
+    def from_environment(cls) -> Credentials:
+        """In-cluster service account if present, else the current kubeconfig context.
+
+        Uses the official client's loader (blocking file reads, once at start).
+        """
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        conf = client.Configuration.get_default_copy()
+        token = conf.api_key.get("authorization") or conf.api_key.get("BearerToken")
+        if token and not token.lower().startswith("bearer "):
+            token = f"Bearer {token}"
+        return cls(
+            server=conf.host,
+            ca_file=conf.ssl_ca_cert,
+            cert_file=conf.cert_file,
+            key_file=conf.key_file,
+            token=token,
+            verify=conf.verify_ssl,
+        )
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        if not self.server.startswith("https"):
+            return False
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if not self.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if self.cert_file and self.key_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
+def resource_path(
+    group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None
+) -> str:
+    """``/apis/group/version[/namespaces/ns]/plural[/name]`` (``/api/v1`` for the core group)."""
+    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    if namespace is not None:
+        base += f"/namespaces/{quote(namespace, safe='')}"
+    base += f"/{plural}"
+    if name is not None:
+        base += f"/{quote(name, safe='')}"
+    return base
+
+
+class KubeClient:
+    """One connection pool to one API server. Create inside the running loop."""
+
+    def __init__(
+        self,
+        credentials: Credentials,
+        *,
+        timeout: float = 30.0,
+        connections: int = 64,
+        user_agent: str = "headroom-operator",
+    ) -> None:
+        self.credentials = credentials
+        headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        if credentials.token:
+            headers["Authorization"] = credentials.token
+        self._session = aiohttp.ClientSession(
+            base_url=credentials.server.rstrip("/") + "/",
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            connector=aiohttp.TCPConnector(ssl=credentials.ssl_context(), limit=connections),
+            json_serialize=json.dumps,
+        )
+        self.calls = 0
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, str | int] | None = None,
+        content_type: str = "application/json",
+    ) -> JSON:
+        """Send one request; return the decoded JSON answer or raise :class:`ApiError`."""
+        url = path.lstrip("/")
+        if params:
+            url += "?" + urlencode(params)
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else None
+        self.calls += 1
+        async with self._session.request(method, url, data=data, headers=headers) as response:
+            text = await response.text()
+            if response.status >= 300:
+                raise _api_error(response.status, text)
+            return json.loads(text) if text else {}
+
+    async def get(self, path: str) -> JSON:
+        return await self.request("GET", path)
+
+    async def create(self, path: str, body: JSON) -> JSON:
+        return await self.request("POST", path, body=body)
+
+    async def merge_patch(self, path: str, body: JSON) -> JSON:
+        return await self.request("PATCH", path, body=body, content_type=MERGE_PATCH)
+
+    async def json_patch(self, path: str, operations: list[JSON]) -> JSON:
+        return await self.request("PATCH", path, body=operations, content_type=JSON_PATCH)
+
+    async def delete(self, path: str, *, uid: str | None = None) -> JSON:
+        """Delete; with ``uid``, only that incarnation of the object (precondition)."""
+        body = {"preconditions": {"uid": uid}} if uid else None
+        return await self.request("DELETE", path, body=body)
+
+    async def list_pages(
+        self, path: str, *, limit: int = 500, label_selector: str | None = None
+    ) -> AsyncIterator[JSON]:
+        """Yield each page of a paged LIST (the answer's items and metadata)."""
+        params: dict[str, str | int] = {"limit": limit}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        while True:
+            page = await self.request("GET", path, params=params)
+            yield page
+            token = page.get("metadata", {}).get("continue")
+            if not token:
+                return
+            params["continue"] = token
+
+    async def list_all(
+        self, path: str, *, limit: int = 500, label_selector: str | None = None
+    ) -> tuple[list[JSON], str]:
+        """Every item of a paged LIST and the list's resourceVersion."""
+        items: list[JSON] = []
+        version = ""
+        async for page in self.list_pages(path, limit=limit, label_selector=label_selector):
+            items.extend(page.get("items") or [])
+            version = page.get("metadata", {}).get("resourceVersion", version)
+        return items, version
+
+
+def _api_error(status: int, text: str) -> ApiError:
+    try:
+        payload = json.loads(text)
+        return ApiError(status, payload.get("reason", ""), payload.get("message", text))
+    except (ValueError, AttributeError):
+        return ApiError(status, "", text[:500])
+
+
+async def retrying(
+    call: Any, *, attempts: int = 5, base_delay: float = 0.2, retry_on: tuple[int, ...] = ()
+) -> Any:
+    """Await ``call()`` again on connection errors, 429, 5xx and ``retry_on`` statuses."""
+    delay = base_delay
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except ApiError as error:
+            retriable = error.status == 429 or error.status >= 500 or error.status in retry_on
+            if not retriable or attempt == attempts - 1:
+                raise
+        except (aiohttp.ClientError, TimeoutError):
+            if attempt == attempts - 1:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
+    raise AssertionError("unreachable")

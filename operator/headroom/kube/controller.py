@@ -1,0 +1,273 @@
+"""The controller: rebuild the ledger from the API, then follow watch events.
+
+Start-up order is the safety argument. :meth:`Controller.rebuild` lists every
+Node and every Reservation (paged) and rebuilds the ledger from the admitted
+ones *before* the admission task starts, so no decision is ever taken against a
+ledger that lacks an admitted reservation. Reservations still undecided at that
+point are queued in creation order. A reservation whose status already carries
+a decision is never decided again; one that is Reclaimed is only scheduled for
+deletion.
+
+The ``on_*`` methods are what the kopf handlers call, one per watch event; they
+are synchronous and cheap, so a burst of events never stalls the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from datetime import UTC, datetime
+from typing import Any
+
+from headroom.api.config import OperatorConfig
+from headroom.api.models import API_VERSION
+from headroom.api.reasons import Phase, Reason
+from headroom.kube.admission import Admission
+from headroom.kube.client import JSON, KubeClient, resource_path
+from headroom.kube.events import EventRecorder, ObjectRef
+from headroom.kube.metrics import OperatorMetrics
+from headroom.kube.objects import (
+    heartbeat_of,
+    node_capacity,
+    parse_time,
+    reservation_entry,
+    reservation_id,
+)
+from headroom.kube.state import State, Tracked
+from headroom.kube.status import precise, reservation_ref, write_status_fields
+from headroom.kube.upkeep import Upkeep
+from headroom.ledger import Entry
+
+log = logging.getLogger(__name__)
+GROUP, VERSION = API_VERSION.split("/")
+RESERVATIONS = resource_path(GROUP, VERSION, "reservations")
+NODES = resource_path("", "v1", "nodes")
+DELETED = "DELETED"
+
+
+class Controller:
+    def __init__(self, config: OperatorConfig, client: KubeClient) -> None:
+        self.config = config
+        self.client = client
+        self.state = State(config.limits.to_limits())
+        self.metrics = OperatorMetrics(lambda: self.state.ledger if self.ready.is_set() else None)
+        self.events = EventRecorder(client)
+        self.admission = Admission(self.state, client, self.events, self.metrics)
+        self.upkeep = Upkeep(self.state, client, self.events, self.metrics, config)
+        self.ready = asyncio.Event()
+        self._bad_node_values: dict[str, list[str]] = {}
+        self._background_tasks: set[asyncio.Future[Any]] = set()
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Rebuild from the API, then start deciding. Ready only after both."""
+        self.events.start()
+        await self.rebuild()
+        self.upkeep.start()
+        self.admission.start()
+        self.ready.set()
+
+    async def stop(self) -> None:
+        await self.admission.stop()
+        await self.upkeep.stop()
+        if self._background_tasks:
+            await asyncio.gather(*self._background_tasks, return_exceptions=True)
+        await self.events.stop()
+
+    async def rebuild(self) -> None:
+        started = datetime.now(UTC)
+        nodes, _ = await self.client.list_all(NODES)
+        reservations, _ = await self.client.list_all(RESERVATIONS)
+        for node in nodes:
+            self.on_node(None, node)
+        now = datetime.now(UTC)
+        admitted: list[tuple[Entry, JSON]] = []
+        undecided: list[JSON] = []
+        for obj in reservations:
+            phase = (obj.get("status") or {}).get("phase")
+            uid = obj["metadata"]["uid"]
+            if phase == Phase.ADMITTED:
+                try:
+                    admitted.append((reservation_entry(obj, now), obj))
+                except ValueError as error:  # cannot happen for objects we admitted
+                    log.error("admitted reservation %s unreadable: %s", uid, error)
+            elif phase == Phase.REJECTED:
+                self.state.rejected.add(uid)
+            elif phase == Phase.RECLAIMED:
+                at = (obj.get("status") or {}).get("reclaimedAt")
+                meta = obj["metadata"]
+                self.upkeep.schedule_deletion(
+                    meta["namespace"], meta["name"], uid, parse_time(at) if at else now
+                )
+            else:
+                undecided.append(obj)
+        result = self.state.ledger.restore([entry for entry, _ in admitted])
+        for entry, obj in admitted:
+            meta = obj["metadata"]
+            self.state.track(
+                entry,
+                Tracked(
+                    meta["uid"],
+                    meta["namespace"],
+                    meta["name"],
+                    entry.node,
+                    entry.owner.pod if entry.owner else None,
+                    entry.last_heartbeat,
+                ),
+            )
+        for entry in result.over_committed:
+            tracked = self.state.tracked[entry.id]
+            self.events.record(
+                reservation_ref(tracked.namespace, tracked.name, tracked.uid),
+                str(Reason.OVER_COMMITTED),
+                f"admitted earlier, but node {entry.node} is now over its limit; kept, not evicted",
+                "Warning",
+            )
+        undecided.sort(key=lambda o: o["metadata"].get("creationTimestamp", ""))
+        for obj in undecided:
+            self.admission.submit(obj)
+        self.state.dirty_nodes.update(self.state.node_uids)
+        log.info(
+            "ledger rebuilt in %.2fs: %d nodes, %d admitted, %d undecided, %d over-committed",
+            (datetime.now(UTC) - started).total_seconds(),
+            len(nodes),
+            len(admitted),
+            len(undecided),
+            len(result.over_committed),
+        )
+
+    # -- watch events ----------------------------------------------------------------------
+
+    def on_reservation(self, event_type: str | None, obj: JSON) -> None:
+        meta = obj.get("metadata") or {}
+        uid, namespace, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
+        if not (uid and namespace and name):
+            return
+        entry_id = reservation_id(namespace, name)
+        if event_type == DELETED:
+            self.admission.withdraw(uid)
+            self.state.rejected.discard(uid)
+            self.state.release(entry_id, uid)
+            return
+        if self.state.holds(entry_id, uid):
+            self._heartbeat_reservation(entry_id, obj)
+            return
+        phase = (obj.get("status") or {}).get("phase")
+        if uid in self.state.rejected or phase in (Phase.REJECTED, Phase.RECLAIMED):
+            return
+        if phase == Phase.ADMITTED:
+            # Admitted, yet not in the ledger: released by us (pod deleted, rolled back)
+            # while this older body was in flight, or a status not written by us.
+            return
+        self.admission.submit(obj)
+
+    def _heartbeat_reservation(self, entry_id: str, obj: JSON) -> None:
+        tracked = self.state.tracked[entry_id]
+        try:
+            at = heartbeat_of(obj)
+        except ValueError as error:
+            raw = str(error)
+            if tracked.bad_heartbeat != raw:
+                tracked.bad_heartbeat = raw
+                self.events.record(
+                    reservation_ref(tracked.namespace, tracked.name, tracked.uid),
+                    "BadHeartbeat",
+                    f"annotation ignored: {error}",
+                    "Warning",
+                )
+            return
+        if at is not None:
+            self.heartbeat(entry_id, at)
+
+    def heartbeat(self, entry_id: str, at: datetime) -> None:
+        """Refresh an entry; write status.lastHeartbeat only when it moved far enough."""
+        now = datetime.now(UTC)
+        entry = self.state.ledger.heartbeat(entry_id, min(at, now))
+        tracked = self.state.tracked[entry_id]
+        window = self.state.ledger.limits_for(entry.node).heartbeat_stale_window
+        step = window * float(self.config.heartbeat_write_fraction)
+        written = tracked.written_heartbeat
+        if written is not None and entry.last_heartbeat - written < step:
+            return
+        tracked.written_heartbeat = entry.last_heartbeat
+        self._background(
+            write_status_fields(
+                self.client,
+                tracked.namespace,
+                tracked.name,
+                tracked.uid,
+                {"lastHeartbeat": precise(entry.last_heartbeat)},
+            )
+        )
+
+    def _background(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Run a write without waiting for it; failures are logged, never raised."""
+        task = asyncio.ensure_future(coroutine)
+        self._background_tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Future[Any]) -> None:
+        self._background_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background write failed: %s", task.exception())
+
+    def on_node(self, event_type: str | None, obj: JSON) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            return
+        state = self.state
+        if event_type == DELETED:
+            state.node_uids.pop(name, None)
+            state.ledger.remove_node(name)
+            self._bad_node_values.pop(name, None)
+            self._background(self.upkeep.delete_summary(name))
+            return
+        state.node_uids[name] = meta.get("uid", "")
+        capacity = node_capacity(obj, state.limits, self.config.ram_source)
+        if capacity.problems and capacity.problems != self._bad_node_values.get(name):
+            self.events.record(
+                ObjectRef("v1", "Node", name, meta.get("uid", "")),
+                "BadHeadroomSettings",
+                "; ".join(capacity.problems),
+                "Warning",
+            )
+        self._bad_node_values[name] = capacity.problems
+        if capacity.total_ram_mb is None:
+            state.ledger.remove_node(name)
+        else:
+            state.ledger.set_node_capacity(
+                name, capacity.total_ram_mb, capacity.vram_mb, capacity.limits
+            )
+        state.dirty_nodes.add(name)
+
+    def on_pod(self, event_type: str | None, obj: JSON) -> None:
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        owned = self.state.pod_owned.get(key)
+        if not owned:
+            return
+        if event_type == DELETED:
+            now = datetime.now(UTC)
+            for entry_id in list(owned):
+                tracked = self.state.release(entry_id)
+                if tracked is not None:
+                    self.upkeep.reclaim(
+                        tracked, Reason.OWNER_POD_DELETED, f"owner pod {key[1]} was deleted", now
+                    )
+            return
+        try:
+            at = heartbeat_of(obj)
+        except ValueError as error:
+            self.events.record(
+                ObjectRef("v1", "Pod", key[1], meta.get("uid", ""), key[0]),
+                "BadHeartbeat",
+                f"annotation ignored: {error}",
+                "Warning",
+            )
+            return
+        if at is not None:
+            for entry_id in list(owned):
+                self.heartbeat(entry_id, at)

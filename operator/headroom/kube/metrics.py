@@ -1,0 +1,109 @@
+"""Prometheus metrics, read from the ledger at scrape time.
+
+Counters and gauges that the ledger already keeps are not counted twice: a
+custom collector turns ``Ledger.metrics()`` and the node summaries into metric
+families when Prometheus scrapes, so they can never disagree with the ledger.
+Only what the ledger cannot know (latency, write failures) is a live metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from headroom.ledger import Ledger
+
+PREFIX = "headroom"
+
+
+class LedgerCollector(Collector):
+    def __init__(self, ledger: Callable[[], Ledger | None]) -> None:
+        self._ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        ledger = self._ledger()
+        if ledger is None:
+            return
+        now = datetime.now(UTC)
+        m = ledger.metrics()
+        for name, value, doc in (
+            ("reserved_mb", m.reserved_mb, "MiB of RAM admitted, summed over reservations."),
+            ("released_mb", m.released_mb, "MiB of RAM returned by deleted reservations."),
+            ("reclaimed_mb", m.reclaimed_mb, "MiB of RAM reclaimed from stale/expired ones."),
+        ):
+            yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        failures = CounterMetricFamily(
+            f"{PREFIX}_reserve_failures", "Reservations rejected, by reason.", labels=["reason"]
+        )
+        for reason, count in sorted(m.failures_by_reason.items()):
+            failures.add_metric([str(reason)], count)
+        yield failures
+
+        summary = ledger.summary(now)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_active_entries", "Admitted reservations.", value=summary.active_entries
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_stale_entries",
+            "Admitted reservations past their heartbeat window.",
+            value=summary.stale_entries,
+        )
+        per_node = {
+            "node_total_ram_mb": ("RAM the ledger counts for the node, MiB.", "total_ram_mb"),
+            "node_reserved_ram_mb": ("RAM admitted on the node, MiB.", "reserved_ram_mb"),
+            "node_allocatable_ram_mb": (
+                "RAM still reservable on the node, MiB.",
+                "allocatable_ram_mb",
+            ),
+            "node_reserved_vram_mb": ("VRAM admitted on the node, MiB.", "reserved_vram_mb"),
+            "node_active_entries": ("Admitted reservations on the node.", "active_entries"),
+            "node_stale_entries": ("Stale reservations on the node.", "stale_entries"),
+        }
+        families = {
+            key: GaugeMetricFamily(f"{PREFIX}_{key}", doc, labels=["node"])
+            for key, (doc, _) in per_node.items()
+        }
+        utilization = GaugeMetricFamily(
+            f"{PREFIX}_node_utilization_ratio", "Reserved / total RAM on the node.", labels=["node"]
+        )
+        for node in summary.nodes:
+            for key, (_, attribute) in per_node.items():
+                families[key].add_metric([node.node], float(getattr(node, attribute) or 0))
+            utilization.add_metric([node.node], node.utilization_pct / 100)
+        yield from families.values()
+        yield utilization
+
+
+class OperatorMetrics:
+    """The registry the operator serves at /metrics."""
+
+    def __init__(self, ledger: Callable[[], Ledger | None]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(LedgerCollector(ledger))
+        self.admission_latency = Histogram(
+            f"{PREFIX}_admission_latency_seconds",
+            "From the operator seeing a new reservation to its decision written to status.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            f"{PREFIX}_decisions",
+            "Decisions written to status, by phase.",
+            ["phase"],
+            registry=self.registry,
+        )
+        self.status_write_failures = Counter(
+            f"{PREFIX}_status_write_failures",
+            "Status writes that failed and were rolled back or retried.",
+            registry=self.registry,
+        )
+        self.reclaims = Counter(
+            f"{PREFIX}_reclaims",
+            "Reservations reclaimed, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )

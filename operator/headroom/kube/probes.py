@@ -1,0 +1,49 @@
+"""The operator's HTTP endpoint: /metrics, /healthz and /readyz on one port.
+
+/readyz answers 503 until the ledger has been rebuilt from the API, so a
+Deployment (or a test) knows exactly when decisions can start.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from headroom.kube.controller import Controller
+
+
+class ProbeServer:
+    def __init__(self, controller: Controller, host: str, port: int) -> None:
+        self._controller, self._host, self._port = controller, host, port
+        self._runner: web.AppRunner | None = None
+        self.port = port
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest(self._controller.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        if self._controller.ready.is_set():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="rebuilding the ledger")
