@@ -21,6 +21,7 @@ from headroom_dev.apply import api_client as api_client_for
 from headroom_dev.apply import install_crds
 from headroom_dev.controlplane import ControlPlane, binary
 from headroom_dev.nodes import create_node
+from headroom_dev.operator import OperatorProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 CRDS = ROOT / "crds"
@@ -55,9 +56,37 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:10]}"
     core.create_namespace({"metadata": {"name": name}})
     yield name
+    # Reservations go first, so an operator started by a later test does not
+    # rebuild from this test's leftovers.
+    try:
+        client.CustomObjectsApi(core.api_client).delete_collection_namespaced_custom_object(
+            "headroom.dev", "v1alpha1", name, "reservations"
+        )
+    except client.ApiException as error:
+        if error.status != 404:  # 404: the CRDs were never installed in this session
+            raise
     # There is no namespace controller here, so the namespace stays Terminating;
     # its name is unique, so that harms nothing.
     core.delete_namespace(name)
+
+
+@pytest.fixture
+def run_operator(
+    control_plane: ControlPlane, crds: list[str], tmp_path: Path
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """Start the operator as a subprocess with a config; stopped after the test."""
+    started: list[OperatorProcess] = []
+
+    def start(config: dict[str, Any] | None = None, wait_ready: bool = True) -> OperatorProcess:
+        workdir = tmp_path / f"operator-{len(started)}"
+        workdir.mkdir()
+        process = OperatorProcess(control_plane.kubeconfig, workdir, config)
+        started.append(process)
+        return process.start(wait_ready=wait_ready)
+
+    yield start
+    for process in started:
+        process.stop()
 
 
 @pytest.fixture

@@ -1,9 +1,12 @@
-"""``make dev``: a local control plane with demo nodes, for people to watch.
+"""``make dev``: a local control plane, the operator and a demo to watch.
 
-Starts kube-apiserver + etcd, installs the CRDs, creates a few nodes of
-different sizes and prints the lines to paste into a shell to use ``kubectl``
-against it. Stays up until Ctrl-C; ``--once`` checks the set-up and exits 0,
-which is how the test suite proves the newcomer path works.
+Starts kube-apiserver + etcd, installs the CRDs, creates nodes of different
+sizes, runs the operator and applies a demo: reservations that fit, one that is
+rejected with its numbers, one whose owner never heartbeats (reclaimed as
+HeartbeatStale), one that expires, and one kept alive by heartbeats. It prints
+the lines to paste into another shell to watch it with ``kubectl``, and stays up
+until Ctrl-C. ``--once`` runs the demo to its end, checks every outcome, and
+exits 0, which is how the test suite proves the newcomer path works.
 """
 
 from __future__ import annotations
@@ -14,16 +17,21 @@ import shutil
 import signal
 import sys
 import threading
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from kubernetes import client
 
+from headroom_dev import reservations as rsv
 from headroom_dev.apply import api_client, install_crds
 from headroom_dev.controlplane import ControlPlane, bin_dir
 from headroom_dev.nodes import create_node
+from headroom_dev.operator import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 DEV_DIR = ROOT / ".dev"
+NAMESPACE = "demo"
 
 #: name, memory, labels: a CPU box, a mid-size GPU node, a big GPU node.
 DEMO_NODES: list[tuple[str, str, dict[str, str]]] = [
@@ -32,15 +40,72 @@ DEMO_NODES: list[tuple[str, str, dict[str, str]]] = [
     ("gpu-large", "256Gi", {"nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.count": "8"}),
 ]
 
+#: name -> (phase, reason) the demo must reach.
+EXPECTED = {
+    "train-42": ("Admitted", "Fits"),
+    "notebook": ("Admitted", "Fits"),
+    "heartbeating": ("Admitted", "Fits"),
+    "too-big": ("Rejected", "InsufficientRAM"),
+    "forgotten": ("Reclaimed", "HeartbeatStale"),
+    "short-lived": ("Reclaimed", "Expired"),
+}
+
 
 def _say(text: str) -> None:
     print(text, flush=True)
 
 
+def _rfc3339(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def apply_demo(custom: client.CustomObjectsApi, expiry: timedelta) -> None:
+    expires = (datetime.now(UTC) + expiry).strftime("%Y-%m-%dT%H:%M:%SZ")
+    beat = {"headroom.dev/heartbeat": _rfc3339(datetime.now(UTC))}
+    demo = [
+        rsv.reservation("train-42", "gpu-medium", 8192, 16000, description="fine-tune run 42"),
+        rsv.reservation("notebook", "cpu-small", 4096, owner={"surface": "notebook"}),
+        rsv.reservation("too-big", "cpu-small", 32768, description="will not fit: 16 GiB node"),
+        rsv.reservation("forgotten", "gpu-large", 16384, description="owner never heartbeats"),
+        rsv.reservation("short-lived", "gpu-large", 4096, expiresAt=expires),
+        rsv.reservation("heartbeating", "gpu-medium", 2048, description="kept alive by make dev"),
+    ]
+    for body in demo:
+        if body["metadata"]["name"] in ("train-42", "notebook", "heartbeating"):
+            body["metadata"]["annotations"] = beat
+        custom.create_namespaced_custom_object(
+            "headroom.dev", "v1alpha1", NAMESPACE, "reservations", body
+        )
+
+
+def heartbeat(custom: client.CustomObjectsApi) -> None:
+    beat = {"metadata": {"annotations": {"headroom.dev/heartbeat": _rfc3339(datetime.now(UTC))}}}
+    for name in ("train-42", "notebook", "heartbeating"):
+        with contextlib.suppress(client.ApiException):
+            custom.patch_namespaced_custom_object(
+                "headroom.dev", "v1alpha1", NAMESPACE, "reservations", name, beat
+            )
+
+
+def outcomes(custom: client.CustomObjectsApi) -> dict[str, tuple[str, str]]:
+    return {
+        i["metadata"]["name"]: (
+            (i.get("status") or {}).get("phase", ""),
+            (i.get("status") or {}).get("reason", ""),
+        )
+        for i in rsv.list_all(custom, NAMESPACE)
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--once", action="store_true", help="set up, check, and exit")
+    parser.add_argument("--once", action="store_true", help="run the demo to its end and exit")
     args = parser.parse_args(argv)
+    stale, expiry = (
+        (timedelta(seconds=4), timedelta(seconds=3))
+        if args.once
+        else (timedelta(seconds=30), timedelta(seconds=45))
+    )
 
     workdir = DEV_DIR / "cluster"
     shutil.rmtree(workdir, ignore_errors=True)
@@ -52,30 +117,61 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(plane.kubeconfig, kubeconfig)
         api = api_client(kubeconfig)
         crds = install_crds(api, sorted((ROOT / "crds").glob("*.yaml")))
-        core = client.CoreV1Api(api)
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         for name, memory, labels in DEMO_NODES:
             create_node(core, name, memory=memory, labels=labels)
-        nodes = [n.metadata.name for n in core.list_node().items if n.metadata and n.metadata.name]
-        _say(f"control plane up at {plane.url} (logs in {workdir})")
-        _say(f"CRDs installed: {', '.join(crds)}")
-        _say(f"demo nodes: {', '.join(nodes)}")
-        _say("\nIn another shell:\n")
-        _say(f"  export KUBECONFIG={kubeconfig}")
-        _say(f"  export PATH={bin_dir()}:$PATH")
-        _say("  kubectl get nodes,rsv,nodeheadrooms -A")
-        if args.once:
-            missing = {n for n, _, _ in DEMO_NODES} - set(nodes)
-            if missing:
-                _say(f"demo nodes missing: {sorted(missing)}")
-                return 1
-            _say("\n--once: set-up verified, shutting down")
-            return 0
-        _say("\nCtrl-C to stop.")
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.wait()
-        _say("stopping control plane")
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+        operator = OperatorProcess(
+            kubeconfig,
+            workdir,
+            {
+                "limits": {"heartbeatStaleWindow": f"{int(stale.total_seconds())}s"},
+                "sweepPeriod": "2s",
+                "reclaimedRetention": "10m",
+            },
+        ).start()
+        try:
+            _say(f"control plane up at {plane.url}; CRDs: {', '.join(crds)}")
+            _say(
+                f"operator running (log: {operator.log}; metrics: "
+                f"http://127.0.0.1:{operator.port}/metrics)"
+            )
+            _say(f"demo nodes: {', '.join(n for n, _, _ in DEMO_NODES)}")
+            _say("\nIn another shell:\n")
+            _say(f"  export KUBECONFIG={kubeconfig}")
+            _say(f"  export PATH={bin_dir()}:$PATH")
+            _say("  kubectl get rsv,nodeheadrooms -A -w\n")
+            apply_demo(custom, expiry)
+            _say(
+                f"demo applied in namespace {NAMESPACE}: 'forgotten' goes stale after "
+                f"{stale.seconds}s, 'short-lived' expires after {expiry.seconds}s"
+            )
+            if args.once:
+                return _check(custom, deadline=time.monotonic() + 60)
+            _say("\nCtrl-C to stop.")
+            with contextlib.suppress(KeyboardInterrupt):
+                while not stop.wait(stale.total_seconds() / 3):
+                    heartbeat(custom)
+            _say("stopping")
+        finally:
+            operator.stop()
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def _check(custom: client.CustomObjectsApi, deadline: float) -> int:
+    seen: dict[str, tuple[str, str]] = {}
+    while time.monotonic() < deadline:
+        heartbeat(custom)
+        seen = outcomes(custom)
+        if seen == EXPECTED:
+            for name, (phase, reason) in sorted(seen.items()):
+                _say(f"  {name:<14} {phase:<10} {reason}")
+            _say("--once: every demo outcome reached")
+            return 0
+        time.sleep(0.5)
+    _say(f"--once: demo did not reach its outcomes: {seen}")
+    return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,106 @@
+"""Run the Headroom operator as a child process, the way a Deployment would.
+
+A subprocess (not an in-process task) so that tests can SIGKILL it mid-flight,
+restart it and prove the ledger is rebuilt from the API alone.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from headroom_dev.controlplane import free_port
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: Path, workdir: Path, config: dict[str, Any] | None = None):
+        self.kubeconfig = kubeconfig
+        self.workdir = workdir
+        self.port = free_port()
+        self.config = {**(config or {}), "metricsPort": self.port, "metricsHost": "127.0.0.1"}
+        self.config_path = workdir / "headroom.yaml"
+        self.log = workdir / "operator.log"
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait_ready: bool = True, timeout: float = 60) -> OperatorProcess:
+        self.config_path.write_text(yaml.safe_dump(self.config))
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "headroom", "run", "--config", str(self.config_path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        if wait_ready:
+            self.wait_ready(timeout)
+        return self
+
+    def get(self, path: str) -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read().decode()
+        finally:
+            conn.close()
+
+    def ready(self) -> bool:
+        try:
+            return self.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen is not None and self.popen.poll() is not None:
+                raise RuntimeError(f"operator exited ({self.popen.returncode}):\n{self.tail()}")
+            if self.ready():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"operator not ready after {timeout}s:\n{self.tail()}")
+
+    def metrics(self) -> dict[str, float]:
+        """Parsed /metrics: ``'name{label="v"}' -> value``."""
+        status, text = self.get("/metrics")
+        assert status == 200, text
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                values[key] = float(value)
+        return values
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGINT)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.popen = None
+
+    def kill(self) -> None:
+        if self.popen is not None:
+            self.popen.kill()
+            self.popen.wait()
+            self.popen = None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
