@@ -89,12 +89,21 @@ class Ledger:
                 self._schedule(entry)
 
     def remove_node(self, node: str) -> None:
-        """Capacity becomes unknown. Active entries stay until released or reclaimed."""
+        """Capacity becomes unknown. Active entries stay until released or reclaimed.
+
+        Per-node limits go with the Node object they came from; the entries left
+        behind fall back to the defaults (as they would after a restart).
+        """
         state = self._nodes.get(node)
         if state is None:
             return
         if state.entries:
+            old_window = state.limits.heartbeat_stale_window
             state.total_ram_mb = state.vram_mb = None
+            state.limits = self.limits
+            if state.limits.heartbeat_stale_window < old_window:
+                for entry in state.entries.values():
+                    self._schedule(entry)
         else:
             del self._nodes[node]
 
@@ -174,10 +183,17 @@ class Ledger:
         self._schedule(entry)
 
     def _schedule(self, entry: Entry) -> None:
+        if len(self._deadlines) > 2 * len(self._live) + 1024:
+            self._compact()
         sequence = next(self._sequence)
         self._live[entry.id] = sequence
         window = self._nodes[entry.node].limits.heartbeat_stale_window
         heapq.heappush(self._deadlines, (entry.deadline(window), sequence, entry.id))
+
+    def _compact(self) -> None:
+        """Drop heap items of released entries (amortized O(1) per reserve)."""
+        self._deadlines = [item for item in self._deadlines if self._live.get(item[2]) == item[1]]
+        heapq.heapify(self._deadlines)
 
     def _remove(self, entry_id: str) -> Entry:
         entry = self._entries.pop(entry_id)
@@ -210,6 +226,7 @@ class Ledger:
     def reclaim(self, now: datetime) -> list[Reclaimed]:
         """Remove every stale or expired entry; expiry wins when both apply."""
         reclaimed: list[Reclaimed] = []
+        not_yet: list[Entry] = []  # rescheduled after the loop, so the loop always ends
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, sequence, entry_id = heapq.heappop(heap)
@@ -227,11 +244,13 @@ class Ledger:
                     f"window {int(window.total_seconds())}s"
                 )
             else:
-                self._schedule(entry)  # heartbeated since it was scheduled
+                not_yet.append(entry)  # heartbeated since it was scheduled
                 continue
             self._remove(entry_id)
             self._reclaimed_mb += entry.ram_mb
             reclaimed.append(Reclaimed(entry, reason, message))
+        for entry in not_yet:
+            self._schedule(entry)
         return reclaimed
 
     def next_deadline(self) -> datetime | None:
