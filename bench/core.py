@@ -1,0 +1,87 @@
+"""B5: pure ledger reserve+release pairs per second at 100 and at 100,000 active entries.
+
+The same loop runs against a ledger that already holds N entries; the ratio of
+the two rates shows whether the cost depends on the size (it must not: the
+ledger keeps per-node aggregates instead of summing on each call).
+
+    python bench/core.py [--pairs 200000] [--repeats 5] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from headroom.api.limits import Limits
+from headroom.ledger import Entry, Ledger, Owner
+
+NODES = 100
+T0 = datetime(2026, 12, 2, tzinfo=UTC)
+
+
+def filled(active: int) -> Ledger:
+    ledger = Ledger(Limits(max_entries_per_node=10**6, heartbeat_stale_window=timedelta(days=1)))
+    for i in range(NODES):
+        ledger.set_node_capacity(f"node-{i}", 1 << 30)
+    owner = Owner()
+    for i in range(active):
+        entry = Entry(f"held/{i}", f"node-{i % NODES}", 1, T0, T0, owner=owner)
+        assert ledger.reserve(entry, T0).admitted
+    return ledger
+
+
+def pairs_per_second(ledger: Ledger, pairs: int) -> float:
+    owner = Owner()
+    entries = [
+        Entry(f"bench/{i}", f"node-{i % NODES}", 64, T0, T0, owner=owner) for i in range(pairs)
+    ]
+    reserve, release = ledger.reserve, ledger.release
+    start = time.perf_counter()
+    for entry in entries:
+        reserve(entry, T0)
+        release(entry.id)
+    return pairs / (time.perf_counter() - start)
+
+
+def measure(active: int, pairs: int, repeats: int) -> dict[str, float]:
+    ledger = filled(active)
+    rates = [pairs_per_second(ledger, pairs) for _ in range(repeats)]
+    return {
+        "active": active,
+        "median": statistics.median(rates),
+        "min": min(rates),
+        "max": max(rates),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pairs", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    small = measure(100, args.pairs, args.repeats)
+    large = measure(100_000, args.pairs, args.repeats)
+    ratio = small["median"] / large["median"]
+    print(f"{'active entries':>15} {'pairs/s (median)':>18} {'min':>10} {'max':>10}")
+    for row in (small, large):
+        print(
+            f"{row['active']:>15,} {row['median']:>18,.0f} {row['min']:>10,.0f} "
+            f"{row['max']:>10,.0f}"
+        )
+    print(f"ratio (100 / 100,000): {ratio:.2f}  (target ≤ 1.5; ≥ 200,000 pairs/s)")
+    result: dict[str, Any] = {"id": "B5", "small": small, "large": large, "ratio": ratio}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

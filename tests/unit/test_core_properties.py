@@ -1,0 +1,207 @@
+"""Property tests: the ledger's invariants hold after every step of any history.
+
+A hypothesis state machine drives nodes (add, resize, remove), reservations
+(reserve, release, heartbeat), time and reclaim, and after every step checks:
+no node is ever pushed over its limit by an admission; the running aggregates
+equal a recount; a ledger rebuilt from the admitted entries is identical; and
+reserved − released − reclaimed = active.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from headroom.api.limits import Limits
+from headroom.ledger import Entry, Ledger, Owner
+
+NODES = ("a", "b", "c")
+T0 = datetime(2026, 12, 2, tzinfo=UTC)
+RATIOS = st.sampled_from([Fraction(0), Fraction(1), Fraction(3, 2), Fraction(11, 10)])
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.limits = Limits(heartbeat_stale_window=timedelta(seconds=60), max_entries_per_node=8)
+        self.ledger = Ledger(self.limits)
+        self.now = T0
+        self.capacity: dict[str, tuple[int, int | None, Limits]] = {}
+        self.shrunk: set[str] = set()  # nodes whose limit was lowered below what they hold
+        self.ids = 0
+
+    # -- nodes -------------------------------------------------------------------------
+
+    @rule(
+        node=st.sampled_from(NODES),
+        total=st.integers(0, 20_000),
+        vram=st.none() | st.integers(0, 8_000),
+        ratio=RATIOS,
+        reserve=st.integers(0, 2048),
+        window=st.integers(1, 120),
+    )
+    def set_capacity(
+        self, node: str, total: int, vram: int | None, ratio: Fraction, reserve: int, window: int
+    ) -> None:
+        limits = Limits(ratio, reserve, timedelta(seconds=window), 8)
+        self.ledger.set_node_capacity(node, total, vram, limits)
+        self.capacity[node] = (total, vram, limits)
+        if self._over(node):
+            self.shrunk.add(node)
+
+    @rule(node=st.sampled_from(NODES))
+    def remove_node(self, node: str) -> None:
+        self.ledger.remove_node(node)
+        self.capacity.pop(node, None)
+
+    # -- reservations ------------------------------------------------------------------
+
+    @rule(
+        node=st.sampled_from((*NODES, "ghost")),
+        ram=st.integers(0, 6_000),
+        vram=st.integers(0, 3_000),
+        expires=st.none() | st.integers(-5, 300),
+    )
+    def reserve(self, node: str, ram: int, vram: int, expires: int | None) -> None:
+        self.ids += 1
+        entry = Entry(
+            id=f"r{self.ids}",
+            node=node,
+            ram_mb=ram,
+            vram_mb=vram,
+            created_at=self.now,
+            last_heartbeat=self.now,
+            expires_at=None if expires is None else self.now + timedelta(seconds=expires),
+            owner=Owner(),
+        )
+        before = self._reserved(node)
+        decision = self.ledger.reserve(entry, self.now)
+        if decision.admitted:
+            assert node in self.capacity
+            assert not self._over(node), f"admission pushed {node} over its limit"
+            assert self._reserved(node) == before + ram
+        else:
+            assert self._reserved(node) == before
+
+    @rule(node=st.sampled_from(NODES), delta=st.integers(-1, 1))
+    def reserve_the_last_headroom(self, node: str, delta: int) -> None:
+        """Boundaries are where arithmetic breaks: ask for exactly what is left, ±1."""
+        summary = self.ledger.node_summary(node, self.now)
+        if summary.limit_ram_mb is None:
+            return
+        ram = summary.limit_ram_mb - summary.reserved_ram_mb + delta
+        if ram > 0:
+            self.reserve(node, ram, 0, None)
+
+    @precondition(lambda self: len(self.ledger) > 0)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        entry = data.draw(st.sampled_from(sorted(self.ledger.entries(), key=lambda e: e.id)))
+        self.ledger.release(entry.id)
+        self._settle(entry.node)
+
+    @precondition(lambda self: len(self.ledger) > 0)
+    @rule(data=st.data(), back=st.integers(-30, 0))
+    def heartbeat(self, data: st.DataObject, back: int) -> None:
+        entry = data.draw(st.sampled_from(sorted(self.ledger.entries(), key=lambda e: e.id)))
+        before = entry.last_heartbeat
+        self.ledger.heartbeat(entry.id, self.now + timedelta(seconds=back))
+        assert entry.last_heartbeat >= before
+
+    @rule(seconds=st.integers(0, 90))
+    def advance(self, seconds: int) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    @rule()
+    def reclaim(self) -> None:
+        reclaimed = self.ledger.reclaim(self.now)
+        for item in reclaimed:
+            window = self.ledger.limits_for(item.entry.node).heartbeat_stale_window
+            assert item.entry.is_expired(self.now) or item.entry.is_stale(self.now, window)
+            self._settle(item.entry.node)
+        for entry in self.ledger.entries():  # nothing due is left behind
+            window = self.ledger.limits_for(entry.node).heartbeat_stale_window
+            assert not entry.is_expired(self.now)
+            assert not entry.is_stale(self.now, window)
+
+    # -- invariants --------------------------------------------------------------------
+
+    @invariant()
+    def never_overcommitted_by_admission(self) -> None:
+        for node in self.capacity:
+            if node not in self.shrunk:
+                assert not self._over(node)
+
+    @invariant()
+    def aggregates_equal_a_recount(self) -> None:
+        for node in (*NODES, "ghost"):
+            entries = self.ledger.entries_for_node(node)
+            summary = self.ledger.node_summary(node, self.now)
+            assert summary.reserved_ram_mb == sum(e.ram_mb for e in entries)
+            assert summary.reserved_vram_mb == sum(e.vram_mb for e in entries)
+            assert summary.active_entries == len(entries)
+
+    @invariant()
+    def counters_are_consistent(self) -> None:
+        m = self.ledger.metrics()
+        assert m.reserved_mb - m.released_mb - m.reclaimed_mb == m.active_mb
+        assert m.active_mb == sum(e.ram_mb for e in self.ledger.entries())
+        assert m.active_entries == len(self.ledger)
+
+    @invariant()
+    def rebuild_gives_an_identical_ledger(self) -> None:
+        nodes = [(n, total, vram, limits) for n, (total, vram, limits) in self.capacity.items()]
+        copies = [
+            Entry(
+                e.id,
+                e.node,
+                e.ram_mb,
+                e.created_at,
+                e.last_heartbeat,
+                e.vram_mb,
+                e.expires_at,
+                e.owner,
+                e.description,
+            )
+            for e in self.ledger.entries()
+        ]
+        rebuilt, _ = Ledger.rebuild(self.limits, nodes, copies)
+        for node in (*NODES, "ghost"):
+            assert rebuilt.node_summary(node, self.now) == self.ledger.node_summary(node, self.now)
+        assert sorted(e.id for e in rebuilt.entries()) == sorted(
+            e.id for e in self.ledger.entries()
+        )
+        assert rebuilt.next_deadline() == self._true_next_deadline()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _reserved(self, node: str) -> int:
+        return sum(e.ram_mb for e in self.ledger.entries_for_node(node))
+
+    def _over(self, node: str) -> bool:
+        limit = self.ledger.node_summary(node, self.now).limit_ram_mb
+        return limit is not None and self._reserved(node) > limit
+
+    def _settle(self, node: str) -> None:
+        if not self._over(node):
+            self.shrunk.discard(node)
+
+    def _true_next_deadline(self) -> datetime | None:
+        deadlines = [
+            e.deadline(self.ledger.limits_for(e.node).heartbeat_stale_window)
+            for e in self.ledger.entries()
+        ]
+        return min(deadlines, default=None)
+
+
+LedgerMachine.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestLedgerProperties = LedgerMachine.TestCase
