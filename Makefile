@@ -52,6 +52,12 @@ test-unit: venv ## Fast tests of the pure code; no cluster.
 test: venv controlplane verify ## Install what is missing, then run every test (unit, integration, e2e).
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
 
+.PHONY: bench
+bench: venv controlplane ## Benchmarks (not part of test): core ledger and the operator on the local control plane.
+	mkdir -p bench/results
+	$(PY) bench/core.py --json bench/results/core.json
+	$(PY) bench/cluster.py $(if $(QUICK),--quick,) --json bench/results/cluster.json
+
 .PHONY: dev
 dev: venv controlplane ## Local control plane + demo nodes; stays up until Ctrl-C (DEV_ONCE=1: run once, exit).
 	$(PY) -m headroom_dev.devcluster $(if $(DEV_ONCE),--once,)

@@ -1,0 +1,296 @@
+"""B0–B4: the operator measured on the local real control plane.
+
+Every throughput figure is paired with B0, the API server's own ceiling measured
+in the same run (a bare async client creating Reservations and patching their
+status, no operator), and the ratio is the headline: the machine is shared and
+noisy, ratios are comparable across runs, absolute rates are not.
+
+    python bench/cluster.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from headroom.kube.client import Credentials, KubeClient, resource_path
+from headroom_dev.apply import api_client, install_crds
+from headroom_dev.controlplane import ControlPlane
+from headroom_dev.nodes import create_node
+from headroom_dev.operator import OperatorProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+RSV = resource_path("headroom.dev", "v1alpha1", "reservations")
+
+
+def ns_path(namespace: str, name: str | None = None, sub: str = "") -> str:
+    path = resource_path("headroom.dev", "v1alpha1", "reservations", namespace, name)
+    return f"{path}/{sub}" if sub else path
+
+
+def body(name: str, node: str, ram: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "headroom.dev/v1alpha1",
+        "kind": "Reservation",
+        "metadata": {"name": name},
+        "spec": {"node": node, "ramMB": ram},
+    }
+
+
+async def bounded(coroutines: list[Any], limit: int) -> list[Any]:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(coroutine: Any) -> Any:
+        async with gate:
+            return await coroutine
+
+    return await asyncio.gather(*(one(c) for c in coroutines))
+
+
+class Bench:
+    def __init__(self, plane: ControlPlane, workdir: Path, quick: bool) -> None:
+        self.plane, self.workdir, self.quick = plane, workdir, quick
+        self.credentials = Credentials(
+            server=plane.url,
+            ca_file=str(plane.pki / "ca.crt"),
+            cert_file=str(plane.pki / "admin.crt"),
+            key_file=str(plane.pki / "admin.key"),
+        )
+        self.api = api_client(plane.kubeconfig)
+        self.nodes: list[str] = []
+        self.namespaces = 0
+
+    async def namespace(self, client: KubeClient) -> str:
+        self.namespaces += 1
+        name = f"bench-{self.namespaces}"
+        await client.create("/api/v1/namespaces", {"metadata": {"name": name}})
+        return name
+
+    async def clear(self, client: KubeClient) -> None:
+        """Remove every Reservation so the next operator starts from nothing."""
+        namespaces, _ = await client.list_all("/api/v1/namespaces")
+        for ns in namespaces:
+            name = ns["metadata"]["name"]
+            if name.startswith("bench-"):
+                await client.request("DELETE", ns_path(name))
+
+    def operator(self, config: dict[str, Any] | None = None) -> OperatorProcess:
+        workdir = Path(tempfile.mkdtemp(dir=self.workdir))
+        return OperatorProcess(self.plane.kubeconfig, workdir, config)
+
+    async def create_many(
+        self,
+        client: KubeClient,
+        namespace: str,
+        count: int,
+        ram: int,
+        concurrency: int = 64,
+        prefix: str = "r",
+    ) -> list[float]:
+        started: list[float] = [0.0] * count
+
+        async def one(i: int) -> None:
+            started[i] = time.monotonic()
+            await client.create(
+                ns_path(namespace), body(f"{prefix}{i:05d}", self.nodes[i % len(self.nodes)], ram)
+            )
+
+        await bounded([one(i) for i in range(count)], concurrency)
+        return started
+
+    async def wait_decided(
+        self, client: KubeClient, namespace: str, count: int, within: float = 600
+    ) -> float:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            items, _ = await client.list_all(ns_path(namespace))
+            decided = sum(1 for i in items if (i.get("status") or {}).get("phase"))
+            if decided >= count:
+                return time.monotonic()
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"{namespace}: not all {count} decided")
+
+    # -- B0 ------------------------------------------------------------------------------
+
+    async def b0_ceiling(self, client: KubeClient, count: int) -> float:
+        namespace = await self.namespace(client)
+        status = {"status": {"phase": "Admitted", "reason": "Fits", "message": "bench"}}
+
+        async def one(i: int) -> None:
+            name = f"b0-{i:05d}"
+            await client.create(ns_path(namespace), body(name, self.nodes[i % len(self.nodes)], 1))
+            await client.merge_patch(ns_path(namespace, name, "status"), status)
+
+        start = time.monotonic()
+        await bounded([one(i) for i in range(count)], 64)
+        rate = count / (time.monotonic() - start)
+        await client.request("DELETE", ns_path(namespace))
+        return rate
+
+    # -- B1 ------------------------------------------------------------------------------
+
+    async def b1_throughput(self, client: KubeClient, count: int) -> float:
+        namespace = await self.namespace(client)
+        start = time.monotonic()
+        await self.create_many(client, namespace, count, 1)
+        end = await self.wait_decided(client, namespace, count)
+        await client.request("DELETE", ns_path(namespace))
+        return count / (end - start)
+
+    # -- B2 ------------------------------------------------------------------------------
+
+    async def b2_latency(self, client: KubeClient, rate: float, seconds: float) -> dict[str, float]:
+        namespace = await self.namespace(client)
+        _, version = await client.list_all(ns_path(namespace))
+        created: dict[str, float] = {}
+        decided: dict[str, float] = {}
+        count = int(rate * seconds)
+        all_seen = asyncio.Event()
+        watcher = asyncio.create_task(self._watch(namespace, version, decided, count, all_seen))
+        creates = []
+        start = time.monotonic()
+        for i in range(count):
+            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+            name = f"l{i:05d}"
+            created[name] = time.monotonic()
+            creates.append(
+                asyncio.ensure_future(
+                    client.create(
+                        ns_path(namespace), body(name, self.nodes[i % len(self.nodes)], 1)
+                    )
+                )
+            )
+        await asyncio.gather(*creates)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_seen.wait(), 60)
+        watcher.cancel()
+        latencies = sorted(decided[n] - created[n] for n in decided if n in created)
+        q = statistics.quantiles(latencies, n=100)
+        await client.request("DELETE", ns_path(namespace))
+        return {
+            "count": len(latencies),
+            "p50_ms": q[49] * 1000,
+            "p95_ms": q[94] * 1000,
+            "p99_ms": q[98] * 1000,
+        }
+
+    async def _watch(
+        self,
+        namespace: str,
+        version: str,
+        decided: dict[str, float],
+        count: int,
+        all_seen: asyncio.Event,
+    ) -> None:
+        import aiohttp
+
+        ssl = self.credentials.ssl_context()
+        url = f"{self.plane.url}{ns_path(namespace)}?watch=1&resourceVersion={version}"
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl)) as session,
+            session.get(url, timeout=aiohttp.ClientTimeout(total=None)) as response,
+        ):
+            async for line in response.content:
+                event = json.loads(line)
+                obj = event.get("object", {})
+                name = obj.get("metadata", {}).get("name")
+                if (obj.get("status") or {}).get("phase") and name not in decided:
+                    decided[name] = time.monotonic()
+                    if len(decided) >= count:
+                        all_seen.set()
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{psutil.cpu_count()} cores",
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="headroom-bench-"))
+    with ControlPlane() as plane:
+        install_crds(api_client(plane.kubeconfig), sorted((ROOT / "crds").glob("*.yaml")))
+        bench = Bench(plane, workdir, args.quick)
+        client = KubeClient(bench.credentials, connections=64)
+        core = __import__("kubernetes").client.CoreV1Api(bench.api)
+        bench.nodes = [f"bench-node-{i:02d}" for i in range(20)]
+        for node in bench.nodes:
+            create_node(core, node, memory="1Ti")
+        repeats = 1 if args.quick else 3
+        n1 = 500 if args.quick else 2000
+        config = {"limits": {"maxEntriesPerNode": 100_000}}
+
+        b0 = [await bench.b0_ceiling(client, n1) for _ in range(repeats)]
+        results["B0"] = {"creates_patches_per_s": b0}
+        operator = bench.operator(config).start()
+        b1 = [await bench.b1_throughput(client, n1) for _ in range(repeats)]
+        results["B1"] = {
+            "admissions_per_s": b1,
+            "ratio_to_B0": statistics.median(b1) / statistics.median(b0),
+        }
+        results["B2"] = await bench.b2_latency(client, 50, 10 if args.quick else 30)
+        operator.stop()
+
+        # B3: 10,000 existing (half admitted by a previous operator), restart.
+        n3 = 2000 if args.quick else 10_000
+        namespace = await bench.namespace(client)
+        operator = bench.operator(config).start()
+        await bench.create_many(client, namespace, n3 // 2, 1, prefix="a")
+        await bench.wait_decided(client, namespace, n3 // 2)
+        operator.stop()
+        await bench.create_many(client, namespace, n3 - n3 // 2, 1, prefix="p")
+        start = time.monotonic()
+        operator = bench.operator(config).start(wait_ready=False)
+        operator.wait_ready(120)
+        ready = time.monotonic() - start
+        await client.create(ns_path(namespace), body("first-new", bench.nodes[0], 1))
+        while True:
+            obj = await client.get(ns_path(namespace, "first-new"))
+            if (obj.get("status") or {}).get("phase"):
+                break
+            await asyncio.sleep(0.02)
+        first = time.monotonic() - start
+        await bench.wait_decided(client, namespace, n3 + 1)
+        assert operator.popen is not None
+        process = psutil.Process(operator.popen.pid)
+        rss = process.memory_info().rss / 2**20
+        cpu_before = sum(process.cpu_times()[:2])
+        idle = 10 if args.quick else 60
+        await asyncio.sleep(idle)
+        cpu = (sum(process.cpu_times()[:2]) - cpu_before) / idle * 100
+        results["B3"] = {
+            "reservations": n3 + 1,
+            "ready_s": ready,
+            "first_admission_s": first,
+            "rss_mb": rss,
+            "idle_cpu_pct": cpu,
+        }
+        operator.stop()
+        await client.close()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = asyncio.run(run(args))
+    print(json.dumps(results, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
