@@ -30,7 +30,7 @@ controlplane: ## Build (or reuse) kube-apiserver, kubectl, etcd and helm from th
 	bash hack/controlplane/build.sh
 
 .PHONY: generate
-generate: venv ## Regenerate crds/ from the API models.
+generate: venv controlplane ## Regenerate crds/ and the chart CRDs from the models, manifests/ from the chart.
 	$(PY) hack/generate.py
 
 .PHONY: lint
@@ -41,7 +41,7 @@ lint: venv ## ruff, mypy --strict and the import-layer contracts.
 	$(VENV)/bin/lint-imports
 
 .PHONY: verify
-verify: venv lint ## Fail if generated files drifted from their source, or lint fails.
+verify: venv controlplane lint ## Fail if generated files drifted from their source, or lint fails.
 	$(PY) hack/generate.py --check
 
 .PHONY: test-unit

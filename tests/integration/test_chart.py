@@ -1,0 +1,232 @@
+"""The Helm chart: lint, render, schema, apply to the real API server, and its RBAC.
+
+The operator is run with nothing but the chart's ClusterRole (a client
+certificate for the chart's ServiceAccount user), which proves the role is
+sufficient; removing one rule breaks it, which proves that rule is necessary.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from subprocess import CompletedProcess
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from headroom_dev import reservations as rsv
+from headroom_dev.apply import api_client
+from headroom_dev.controlplane import ControlPlane, binary
+from headroom_dev.operator import OperatorProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "headroom"
+MANIFEST = ROOT / "manifests" / "headroom.yaml"
+NAMESPACE, SERVICE_ACCOUNT = "headroom-system", "headroom"
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+OPERATOR_GROUPS = ("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}")
+Kubectl = Callable[..., CompletedProcess[str]]
+
+
+def helm(*args: str) -> CompletedProcess[str]:
+    return subprocess.run(
+        [str(binary("helm")), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def render(*values: str) -> list[dict[str, Any]]:
+    """Render with ``key=<JSON>`` values (as a user's values file would type them)."""
+    argv = ["template", "headroom", str(CHART), "--namespace", NAMESPACE]
+    for value in values:
+        argv += ["--set-json", value]
+    result = helm(*argv)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def test_helm_lint() -> None:
+    result = helm("lint", str(CHART), "--strict")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_default_render_is_the_committed_manifest() -> None:
+    rendered = helm("template", "headroom", str(CHART), "--namespace", NAMESPACE).stdout
+    committed = MANIFEST.read_text()
+    assert committed.split("\n", 1)[1] == rendered, "manifests/ drifted: run `make generate`"
+
+
+def test_default_render() -> None:
+    kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in render())
+    assert kinds == sorted([
+        "ClusterRole/headroom-edit", "ClusterRole/headroom-operator", "ClusterRole/headroom-view",
+        "ClusterRoleBinding/headroom-operator", "ConfigMap/headroom-config",
+        "CustomResourceDefinition/nodeheadrooms.headroom.dev",
+        "CustomResourceDefinition/reservations.headroom.dev", "Deployment/headroom",
+        "Service/headroom-metrics", "ServiceAccount/headroom",
+    ])
+    deployment = next(d for d in render() if d["kind"] == "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_non_default_render() -> None:
+    docs = render(
+        "config.limits.maxOvercommitRatio=1.5", 'config.sweepPeriod="2s"', "dashboard.enabled=true",
+        "serviceMonitor.enabled=true", "crds.install=false", "metrics.port=9090",
+    )
+    kinds = {d["kind"] for d in docs}
+    assert "CustomResourceDefinition" not in kinds
+    assert "ServiceMonitor" in kinds
+    config = yaml.safe_load(next(d for d in docs if d["metadata"]["name"] == "headroom-config")
+                            ["data"]["config.yaml"])
+    assert config["limits"]["maxOvercommitRatio"] == 1.5
+    assert config["metricsPort"] == 9090
+    dashboard = next(d for d in docs if d["metadata"]["name"] == "headroom-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("config.limits.maxOvercommitRatio=-1", "maxOvercommitRatio"),
+        ("config.limits.systemReserveMb=5", "systemReserveMb"),
+        ("config.sweepPeriod=soon", "sweepPeriod"),
+        ("config.ramSource=swap", "ramSource"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("replicas=3", "replicas"),
+        ("metrics.port=0", "port"),
+        ("logLevel=LOUD", "logLevel"),
+    ],
+)
+def test_schema_refuses_bad_values(value: str, complaint: str) -> None:
+    result = helm("template", "headroom", str(CHART), "--set", value)
+    assert result.returncode != 0
+    assert complaint in result.stderr, result.stderr
+
+
+@pytest.fixture
+def installed(kubectl: Kubectl, crds: list[str]) -> Iterator[None]:
+    """The rendered manifests, applied server-side to the real API server."""
+    kubectl("create", "namespace", NAMESPACE)
+    result = kubectl("apply", "--server-side", "--force-conflicts", "-f", str(MANIFEST))
+    assert result.returncode == 0, result.stderr
+    yield
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(MANIFEST))  # restore rules
+
+
+def test_rendered_manifests_apply_cleanly(installed: None, kubectl: Kubectl) -> None:
+    result = kubectl("get", "deployment,serviceaccount,configmap,service", "-n", NAMESPACE,
+                     "-o", "name")
+    assert "deployment.apps/headroom" in result.stdout
+    assert "serviceaccount/headroom" in result.stdout
+    roles = kubectl("get", "clusterroles", "-o", "name").stdout
+    for role in ("headroom-operator", "headroom-edit", "headroom-view"):
+        assert f"clusterrole.rbac.authorization.k8s.io/{role}" in roles
+
+
+def operator_as_service_account(
+    control_plane: ControlPlane, tmp_path: Path, config: dict[str, Any]
+) -> OperatorProcess:
+    kubeconfig = control_plane.write_kubeconfig(
+        tmp_path / "operator.kubeconfig", OPERATOR_USER, OPERATOR_GROUPS
+    )
+    workdir = tmp_path / f"op-{uuid.uuid4().hex[:6]}"
+    workdir.mkdir()
+    return OperatorProcess(kubeconfig, workdir, config)
+
+
+def test_operator_runs_with_only_the_charts_rbac(
+    installed: None, control_plane: ControlPlane, tmp_path: Path,
+    make_node: Callable[..., Any], custom: client.CustomObjectsApi, core: client.CoreV1Api,
+    namespace: str,
+) -> None:
+    node = f"rbac-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="5Gi")  # limit 4096
+    operator = operator_as_service_account(control_plane, tmp_path, {
+        "limits": {"heartbeatStaleWindow": "2s"}, "sweepPeriod": "1s",
+        "reclaimedRetention": "1s",
+    }).start()
+    try:
+        rsv.create(custom, namespace, "fits", node, 2048)
+        rsv.create(custom, namespace, "too-big", node, 4096)
+        assert rsv.wait_for(custom, namespace, "fits")["status"]["phase"] == "Admitted"
+        assert rsv.wait_for(custom, namespace, "too-big")["status"]["phase"] == "Rejected"
+        # Stale after 2 s: reclaimed (status), then deleted (delete), with Events (create).
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and rsv.list_all(custom, namespace):
+            time.sleep(0.2)
+        assert [i["metadata"]["name"] for i in rsv.list_all(custom, namespace)] == ["too-big"]
+        reasons = {e.reason for e in core.list_namespaced_event(namespace).items}
+        assert {"Fits", "InsufficientRAM", "HeartbeatStale"} <= reasons
+        summary = custom.get_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms",
+                                                   node)
+        assert summary["status"]["totalRAMMB"] == 5120
+        assert "Forbidden" not in operator.tail(200)
+    finally:
+        operator.stop()
+
+
+def test_the_status_rule_is_necessary(
+    installed: None, control_plane: ControlPlane, tmp_path: Path, kubectl: Kubectl,
+    make_node: Callable[..., Any], custom: client.CustomObjectsApi, namespace: str,
+) -> None:
+    role = json.loads(kubectl("get", "clusterrole", "headroom-operator", "-o", "json").stdout)
+    role["rules"] = [r for r in role["rules"] if r["resources"] != ["reservations/status"]]
+    result = kubectl("replace", "-f", "-", input=json.dumps(role))
+    assert result.returncode == 0, result.stderr
+    node = f"rbac-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="5Gi")
+    operator = operator_as_service_account(control_plane, tmp_path, {}).start()
+    try:
+        rsv.create(custom, namespace, "undecidable", node, 1024)
+        with pytest.raises(TimeoutError):
+            rsv.wait_for(custom, namespace, "undecidable", timeout=5)
+        assert "403" in operator.tail(200) or "forbidden" in operator.tail(200).lower()
+    finally:
+        operator.stop()
+
+
+def test_a_tenant_with_headroom_edit_is_confined(
+    installed: None, control_plane: ControlPlane, tmp_path: Path, kubectl: Kubectl,
+    custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: str,
+) -> None:
+    other = f"t-other-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": other}})
+    rbac = client.RbacAuthorizationV1Api(core.api_client)
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "tenant-edit"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "headroom-edit"},
+        "subjects": [{"kind": "User", "name": "tenant", "apiGroup": "rbac.authorization.k8s.io"}],
+    })
+    tenant = client.CustomObjectsApi(api_client(
+        control_plane.write_kubeconfig(tmp_path / "tenant.kubeconfig", "tenant")))
+
+    rsv.create(tenant, namespace, "mine", "some-node", 512)
+    beat = {"metadata": {"annotations": {
+        "headroom.dev/heartbeat": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}}
+    tenant.patch_namespaced_custom_object("headroom.dev", "v1alpha1", namespace, "reservations",
+                                          "mine", beat)
+    with pytest.raises(client.ApiException) as forged:
+        tenant.patch_namespaced_custom_object_status(
+            "headroom.dev", "v1alpha1", namespace, "reservations", "mine",
+            {"status": {"phase": "Admitted", "reason": "Fits"}})
+    assert forged.value.status == 403
+    with pytest.raises(client.ApiException) as elsewhere:
+        rsv.create(tenant, other, "theirs", "some-node", 512)
+    assert elsewhere.value.status == 403
+    with pytest.raises(client.ApiException) as listing:
+        tenant.list_namespaced_custom_object("headroom.dev", "v1alpha1", other, "reservations")
+    assert listing.value.status == 403
+    rsv.delete(tenant, namespace, "mine")
+    assert rsv.list_all(custom, namespace) == []
