@@ -64,13 +64,20 @@ def test_default_render_is_the_committed_manifest() -> None:
 
 def test_default_render() -> None:
     kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in render())
-    assert kinds == sorted([
-        "ClusterRole/headroom-edit", "ClusterRole/headroom-operator", "ClusterRole/headroom-view",
-        "ClusterRoleBinding/headroom-operator", "ConfigMap/headroom-config",
-        "CustomResourceDefinition/nodeheadrooms.headroom.dev",
-        "CustomResourceDefinition/reservations.headroom.dev", "Deployment/headroom",
-        "Service/headroom-metrics", "ServiceAccount/headroom",
-    ])
+    assert kinds == sorted(
+        [
+            "ClusterRole/headroom-edit",
+            "ClusterRole/headroom-operator",
+            "ClusterRole/headroom-view",
+            "ClusterRoleBinding/headroom-operator",
+            "ConfigMap/headroom-config",
+            "CustomResourceDefinition/nodeheadrooms.headroom.dev",
+            "CustomResourceDefinition/reservations.headroom.dev",
+            "Deployment/headroom",
+            "Service/headroom-metrics",
+            "ServiceAccount/headroom",
+        ]
+    )
     deployment = next(d for d in render() if d["kind"] == "Deployment")
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -81,14 +88,19 @@ def test_default_render() -> None:
 
 def test_non_default_render() -> None:
     docs = render(
-        "config.limits.maxOvercommitRatio=1.5", 'config.sweepPeriod="2s"', "dashboard.enabled=true",
-        "serviceMonitor.enabled=true", "crds.install=false", "metrics.port=9090",
+        "config.limits.maxOvercommitRatio=1.5",
+        'config.sweepPeriod="2s"',
+        "dashboard.enabled=true",
+        "serviceMonitor.enabled=true",
+        "crds.install=false",
+        "metrics.port=9090",
     )
     kinds = {d["kind"] for d in docs}
     assert "CustomResourceDefinition" not in kinds
     assert "ServiceMonitor" in kinds
-    config = yaml.safe_load(next(d for d in docs if d["metadata"]["name"] == "headroom-config")
-                            ["data"]["config.yaml"])
+    config = yaml.safe_load(
+        next(d for d in docs if d["metadata"]["name"] == "headroom-config")["data"]["config.yaml"]
+    )
     assert config["limits"]["maxOvercommitRatio"] == 1.5
     assert config["metricsPort"] == 9090
     dashboard = next(d for d in docs if d["metadata"]["name"] == "headroom-dashboard")
@@ -125,8 +137,9 @@ def installed(kubectl: Kubectl, crds: list[str]) -> Iterator[None]:
 
 
 def test_rendered_manifests_apply_cleanly(installed: None, kubectl: Kubectl) -> None:
-    result = kubectl("get", "deployment,serviceaccount,configmap,service", "-n", NAMESPACE,
-                     "-o", "name")
+    result = kubectl(
+        "get", "deployment,serviceaccount,configmap,service", "-n", NAMESPACE, "-o", "name"
+    )
     assert "deployment.apps/headroom" in result.stdout
     assert "serviceaccount/headroom" in result.stdout
     roles = kubectl("get", "clusterroles", "-o", "name").stdout
@@ -146,16 +159,25 @@ def operator_as_service_account(
 
 
 def test_operator_runs_with_only_the_charts_rbac(
-    installed: None, control_plane: ControlPlane, tmp_path: Path,
-    make_node: Callable[..., Any], custom: client.CustomObjectsApi, core: client.CoreV1Api,
+    installed: None,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
     namespace: str,
 ) -> None:
     node = f"rbac-{uuid.uuid4().hex[:6]}"
     make_node(node, memory="5Gi")  # limit 4096
-    operator = operator_as_service_account(control_plane, tmp_path, {
-        "limits": {"heartbeatStaleWindow": "2s"}, "sweepPeriod": "1s",
-        "reclaimedRetention": "1s",
-    }).start()
+    operator = operator_as_service_account(
+        control_plane,
+        tmp_path,
+        {
+            "limits": {"heartbeatStaleWindow": "2s"},
+            "sweepPeriod": "1s",
+            "reclaimedRetention": "1s",
+        },
+    ).start()
     try:
         rsv.create(custom, namespace, "fits", node, 2048)
         rsv.create(custom, namespace, "too-big", node, 4096)
@@ -168,25 +190,35 @@ def test_operator_runs_with_only_the_charts_rbac(
         assert [i["metadata"]["name"] for i in rsv.list_all(custom, namespace)] == ["too-big"]
         reasons = {e.reason for e in core.list_namespaced_event(namespace).items}
         assert {"Fits", "InsufficientRAM", "HeartbeatStale"} <= reasons
-        summary = custom.get_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms",
-                                                   node)
+        summary = custom.get_cluster_custom_object(
+            "headroom.dev", "v1alpha1", "nodeheadrooms", node
+        )
         assert summary["status"]["totalRAMMB"] == 5120
         assert "Forbidden" not in operator.tail(200)
     finally:
         operator.stop()
 
 
-def test_the_status_rule_is_necessary(
-    installed: None, control_plane: ControlPlane, tmp_path: Path, kubectl: Kubectl,
-    make_node: Callable[..., Any], custom: client.CustomObjectsApi, namespace: str,
+@pytest.mark.parametrize("resource", ["reservations/status", "reservations"])
+def test_a_rule_is_necessary(
+    installed: None,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    kubectl: Kubectl,
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    resource: str,
 ) -> None:
     role = json.loads(kubectl("get", "clusterrole", "headroom-operator", "-o", "json").stdout)
-    role["rules"] = [r for r in role["rules"] if r["resources"] != ["reservations/status"]]
+    kept = [r for r in role["rules"] if r["resources"] != [resource]]
+    assert len(kept) == len(role["rules"]) - 1
+    role["rules"] = kept
     result = kubectl("replace", "-f", "-", input=json.dumps(role))
     assert result.returncode == 0, result.stderr
     node = f"rbac-{uuid.uuid4().hex[:6]}"
     make_node(node, memory="5Gi")
-    operator = operator_as_service_account(control_plane, tmp_path, {}).start()
+    operator = operator_as_service_account(control_plane, tmp_path, {}).start(wait_ready=False)
     try:
         rsv.create(custom, namespace, "undecidable", node, 1024)
         with pytest.raises(TimeoutError):
@@ -197,30 +229,55 @@ def test_the_status_rule_is_necessary(
 
 
 def test_a_tenant_with_headroom_edit_is_confined(
-    installed: None, control_plane: ControlPlane, tmp_path: Path, kubectl: Kubectl,
-    custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: str,
+    installed: None,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    kubectl: Kubectl,
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
 ) -> None:
     other = f"t-other-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": other}})
     rbac = client.RbacAuthorizationV1Api(core.api_client)
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "tenant-edit"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "headroom-edit"},
-        "subjects": [{"kind": "User", "name": "tenant", "apiGroup": "rbac.authorization.k8s.io"}],
-    })
-    tenant = client.CustomObjectsApi(api_client(
-        control_plane.write_kubeconfig(tmp_path / "tenant.kubeconfig", "tenant")))
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "tenant-edit"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "headroom-edit",
+            },
+            "subjects": [
+                {"kind": "User", "name": "tenant", "apiGroup": "rbac.authorization.k8s.io"}
+            ],
+        },
+    )
+    tenant = client.CustomObjectsApi(
+        api_client(control_plane.write_kubeconfig(tmp_path / "tenant.kubeconfig", "tenant"))
+    )
 
     rsv.create(tenant, namespace, "mine", "some-node", 512)
-    beat = {"metadata": {"annotations": {
-        "headroom.dev/heartbeat": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}}
-    tenant.patch_namespaced_custom_object("headroom.dev", "v1alpha1", namespace, "reservations",
-                                          "mine", beat)
+    beat = {
+        "metadata": {
+            "annotations": {
+                "headroom.dev/heartbeat": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            }
+        }
+    }
+    tenant.patch_namespaced_custom_object(
+        "headroom.dev", "v1alpha1", namespace, "reservations", "mine", beat
+    )
     with pytest.raises(client.ApiException) as forged:
         tenant.patch_namespaced_custom_object_status(
-            "headroom.dev", "v1alpha1", namespace, "reservations", "mine",
-            {"status": {"phase": "Admitted", "reason": "Fits"}})
+            "headroom.dev",
+            "v1alpha1",
+            namespace,
+            "reservations",
+            "mine",
+            {"status": {"phase": "Admitted", "reason": "Fits"}},
+        )
     assert forged.value.status == 403
     with pytest.raises(client.ApiException) as elsewhere:
         rsv.create(tenant, other, "theirs", "some-node", 512)
