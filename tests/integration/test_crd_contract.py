@@ -141,8 +141,23 @@ def test_printer_columns(crds: list[str], kubectl: Kubectl, namespace: str) -> N
     assert apply(kubectl, namespace, VALID).returncode == 0
     header = kubectl("get", "rsv", "-n", namespace).stdout.splitlines()[0].split()
     assert header == ["NAME", "NODE", "RAM", "VRAM", "PHASE", "REASON", "AGE"]
-    header = kubectl("get", "nodeheadrooms").stderr  # no objects yet: "No resources found"
-    assert "No resources found" in header
+    name = f"printer-{namespace}"
+    created = kubectl(
+        "create",
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "headroom.dev/v1alpha1",
+                "kind": "NodeHeadroom",
+                "metadata": {"name": name},
+            }
+        ),
+    )
+    assert created.returncode == 0, created.stderr
+    header = kubectl("get", "nodeheadroom", name).stdout.splitlines()[0].split()
+    assert header == ["NAME", "TOTAL", "RESERVED", "ALLOCATABLE", "UTIL%", "ENTRIES", "STALE"]
+    kubectl("delete", "nodeheadroom", name)
 
 
 def test_status_is_a_subresource(crds: list[str], kubectl: Kubectl, namespace: str) -> None:

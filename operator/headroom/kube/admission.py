@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 import aiohttp
 
 from headroom.api.reasons import Reason
-from headroom.kube.client import JSON, ApiError, KubeClient, retrying
+from headroom.kube.client import JSON, ApiError, KubeClient
 from headroom.kube.events import EventRecorder
 from headroom.kube.metrics import OperatorMetrics
 from headroom.kube.objects import reservation_entry
@@ -30,7 +30,8 @@ from headroom.kube.state import State, Tracked
 from headroom.kube.status import decision_status, reservation_ref, write_status
 
 log = logging.getLogger(__name__)
-_RETRY_DELAY = 1.0
+_RETRY_DELAY = 0.5
+_MAX_RETRY_DELAY = 5.0
 
 
 @dataclass(slots=True)
@@ -160,23 +161,38 @@ class Admission:
     async def _write(
         self, pending: Pending, admitted: bool, reason: Reason, message: str, status: JSON
     ) -> None:
+        """Write the decision until the API gives a definite answer.
+
+        A timeout, a dropped connection or a 5xx may or may not have landed, so the
+        decision stays in the ledger (never overcommitting) and the *same* decision is
+        written again: idempotent, never a second decision. Only a definite refusal
+        rolls it back; a deleted object or a namesake (uid test failed) releases it.
+        """
         state, entry_id = self._state, f"{pending.namespace}/{pending.name}"
-        try:
-            await retrying(
-                lambda: write_status(
+        delay = _RETRY_DELAY
+        while True:
+            try:
+                await write_status(
                     self._client, pending.namespace, pending.name, pending.uid, status
                 )
-            )
-        except ApiError as error:
-            if error.not_found or error.status == 422:  # deleted, or a namesake now
-                state.release(entry_id, pending.uid)
-                state.rejected.discard(pending.uid)
-                return
-            self._roll_back(pending, entry_id, error)
-            return
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            self._roll_back(pending, entry_id, error)
-            return
+                break
+            except ApiError as error:
+                if error.not_found or error.status == 422:  # deleted, or a namesake now
+                    state.release(entry_id, pending.uid)
+                    state.rejected.discard(pending.uid)
+                    return
+                if error.status != 429 and error.status < 500:
+                    self._roll_back(pending, entry_id, error)
+                    return
+                failure: Exception = error
+            except (aiohttp.ClientError, TimeoutError, OSError) as error:
+                failure = error
+            if not (state.holds(entry_id, pending.uid) or pending.uid in state.rejected):
+                return  # deleted meanwhile: nothing left to write
+            self._metrics.status_write_failures.inc()
+            log.warning("status of %s not confirmed (%s); writing it again", entry_id, failure)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_RETRY_DELAY)
         self._metrics.admission_latency.observe(time.monotonic() - pending.seen)
         self._metrics.decisions.labels(status["phase"]).inc()
         self._events.record(

@@ -1,0 +1,142 @@
+"""The ledger's promises, checked from the API alone (for chaos tests).
+
+- No node's Admitted reservations exceed its limit.
+- Every reservation has a decision; none is stuck undecided.
+- No reservation is decided twice: each one's status only ever carries one
+  decision stamp, and Admitted only ever moves on to Reclaimed.
+- Each NodeHeadroom equals a recount of the Admitted reservations on its node.
+
+A :class:`History` watches every status change while the chaos runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+from kubernetes import client, watch
+
+from headroom.kube.quantity import memory_mib
+
+GROUP, VERSION, PLURAL = "headroom.dev", "v1alpha1", "reservations"
+ALLOWED_NEXT = {
+    "Admitted": {"Admitted", "Reclaimed"},
+    "Rejected": {"Rejected"},
+    "Reclaimed": {"Reclaimed"},
+}
+
+
+class History(threading.Thread):
+    """Records (phase, decisionID) per uid from a watch that survives API restarts."""
+
+    def __init__(self, custom: client.CustomObjectsApi) -> None:
+        super().__init__(daemon=True)
+        self.custom = custom
+        self.seen: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        self.stopped = threading.Event()
+        self.gaps = 0
+
+    def record(self, obj: dict[str, Any]) -> None:
+        status = obj.get("status") or {}
+        phase = status.get("phase")
+        if phase:
+            entry = (phase, status.get("decisionID", ""))
+            events = self.seen[obj["metadata"]["uid"]]
+            if not events or events[-1] != entry:
+                events.append(entry)
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                listed = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+                for obj in listed["items"]:
+                    self.record(obj)
+                stream = watch.Watch().stream(
+                    self.custom.list_cluster_custom_object,
+                    GROUP,
+                    VERSION,
+                    PLURAL,
+                    resource_version=listed["metadata"]["resourceVersion"],
+                    timeout_seconds=30,
+                )
+                for event in stream:
+                    self.record(event["object"])
+                    if self.stopped.is_set():
+                        return
+            except Exception:  # the API server is being restarted on purpose
+                self.gaps += 1
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def violations(self) -> list[str]:
+        found = []
+        for uid, events in self.seen.items():
+            stamps = {stamp for phase, stamp in events if phase in ("Admitted", "Rejected")}
+            if len(stamps) > 1:
+                found.append(f"{uid} decided {len(stamps)} times: {events}")
+            for (before, _), (after, _) in itertools.pairwise(events):
+                if after not in ALLOWED_NEXT[before]:
+                    found.append(f"{uid} went {before} -> {after}: {events}")
+        return found
+
+
+def limit_mb(node: dict[str, Any], reserve_mb: int) -> int:
+    """floor(allocatable × 1) − reserve, for the chaos config (ratio 1)."""
+    return memory_mib(node["status"]["allocatable"]["memory"]) - reserve_mb
+
+
+def check(
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+    reserve_mb: int,
+    nodes: list[str],
+) -> list[str]:
+    """Violations of the static invariants in ``namespace`` (empty when all hold)."""
+    found = []
+    items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+    admitted: dict[str, int] = defaultdict(int)
+    for obj in items:
+        phase = (obj.get("status") or {}).get("phase")
+        if phase not in ("Admitted", "Rejected", "Reclaimed"):
+            found.append(f"{obj['metadata']['name']} undecided: {obj.get('status')}")
+        if phase == "Admitted":
+            admitted[obj["spec"]["node"]] += obj["spec"]["ramMB"]
+    for name in nodes:
+        node = core.read_node(name).to_dict()
+        limit = limit_mb(node, reserve_mb)
+        if admitted[name] > limit:
+            found.append(f"node {name}: admitted {admitted[name]} MiB > limit {limit} MiB")
+    return found
+
+
+def headroom_matches(
+    custom: client.CustomObjectsApi, namespace: str, nodes: list[str], timeout: float = 15.0
+) -> list[str]:
+    """NodeHeadroom.reservedRAMMB equals a recount (given time for the coalesced write)."""
+    deadline = time.monotonic() + timeout
+    mismatches: list[str] = []
+    while time.monotonic() < deadline:
+        items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        recount: dict[str, int] = defaultdict(int)
+        for obj in items:
+            if (obj.get("status") or {}).get("phase") == "Admitted":
+                recount[obj["spec"]["node"]] += obj["spec"]["ramMB"]
+        mismatches = []
+        for name in nodes:
+            status = custom.get_cluster_custom_object(GROUP, VERSION, "nodeheadrooms", name).get(
+                "status", {}
+            )
+            if status.get("reservedRAMMB") != recount[name]:
+                mismatches.append(
+                    f"{name}: NodeHeadroom {status.get('reservedRAMMB')} != recount {recount[name]}"
+                )
+        if not mismatches:
+            return []
+        time.sleep(0.5)
+    return mismatches
