@@ -188,3 +188,50 @@ def _pour_range(
                 time.sleep(0.2)
             except Exception:  # connection refused while the API server restarts
                 time.sleep(0.2)
+
+
+def test_r5_leader_killed_under_load_standby_takes_over(
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+    seed: int,
+    history: invariants.History,
+) -> None:
+    rng = random.Random(seed)
+    nodes = make_nodes(make_node, rng)
+    lease_duration = 4.0
+    config = {
+        **CONFIG,
+        "leaderElection": {
+            "enabled": True,
+            "leaseName": f"headroom-{namespace}",
+            "namespace": namespace,
+            "leaseDuration": f"{lease_duration}s",
+            "renewDeadline": "3s",
+            "retryPeriod": "0.5s",
+        },
+    }
+    leader = run_operator(config)
+    assert leader.get("/readyz") == (200, "ok")
+    standby = run_operator(config)
+    assert standby.get("/readyz") == (200, "standby")
+
+    half = SIZE // 2
+    pour(custom, namespace, nodes, rng, half)
+    leader.kill()
+    killed = time.monotonic()
+    rsv.create(custom, namespace, "after-kill", nodes[0], 1)
+    rest = threading.Thread(
+        target=lambda: _pour_range(custom, namespace, nodes, rng, half, SIZE), daemon=True
+    )
+    rest.start()
+    rsv.wait_for(custom, namespace, "after-kill", timeout=30)
+    takeover = time.monotonic() - killed
+    rest.join(timeout=120)
+    settle(custom, namespace, SIZE + 1, seed)
+    print(f"R5: takeover {takeover:.2f}s (lease {lease_duration}s), {SIZE + 1} reservations")
+    assert standby.get("/readyz") == (200, "ok")
+    assert takeover <= lease_duration + 2, f"seed {seed}: takeover took {takeover:.2f}s"
+    assert_invariants(custom, core, namespace, nodes, history, seed)

@@ -107,6 +107,25 @@ def test_non_default_render() -> None:
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
+def test_leader_election_render() -> None:
+    docs = render("replicas=2", "leaderElection.enabled=true")
+    by_kind = {d["kind"]: d for d in docs}
+    assert by_kind["Role"]["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+        }
+    ]
+    assert by_kind["Deployment"]["spec"]["replicas"] == 2
+    assert by_kind["Deployment"]["spec"]["strategy"]["type"] == "RollingUpdate"
+    config = yaml.safe_load(
+        next(d for d in docs if d["metadata"]["name"] == "headroom-config")["data"]["config.yaml"]
+    )
+    assert config["leaderElection"]["enabled"] is True
+    assert "Role" not in {d["kind"] for d in render()}
+
+
 @pytest.mark.parametrize(
     ("value", "complaint"),
     [

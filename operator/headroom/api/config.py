@@ -16,7 +16,14 @@ from fractions import Fraction
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from headroom.api.limits import (
     DEFAULT_MAX_ENTRIES_PER_NODE,
@@ -73,6 +80,31 @@ class LimitsConfig(BaseModel):
         )
 
 
+class LeaderElectionConfig(BaseModel):
+    """Hot standby: replicas compete for a Lease; only its holder decides."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    enabled: bool = False
+    lease_name: str = Field("headroom-operator", alias="leaseName", min_length=1, max_length=253)
+    namespace: str | None = Field(
+        None, description="Namespace of the Lease; default $POD_NAMESPACE, else 'default'."
+    )
+    lease_duration: Duration = Field(timedelta(seconds=15), alias="leaseDuration")
+    renew_deadline: Duration = Field(timedelta(seconds=10), alias="renewDeadline")
+    retry_period: Duration = Field(timedelta(seconds=2), alias="retryPeriod")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionConfig:
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                "need retryPeriod < renewDeadline < leaseDuration, got "
+                f"{self.retry_period.total_seconds()}s, {self.renew_deadline.total_seconds()}s, "
+                f"{self.lease_duration.total_seconds()}s"
+            )
+        return self
+
+
 class OperatorConfig(BaseModel):
     """Everything the operator reads at start."""
 
@@ -113,6 +145,9 @@ class OperatorConfig(BaseModel):
         timedelta(minutes=10),
         alias="resyncPeriod",
         description="How often the ledger is checked against a full list of Reservations.",
+    )
+    leader_election: LeaderElectionConfig = Field(
+        default_factory=LeaderElectionConfig, alias="leaderElection"
     )
     metrics_port: int = Field(8080, alias="metricsPort", ge=0, le=65535)
     metrics_host: str = Field("0.0.0.0", alias="metricsHost")  # a pod listens on all interfaces

@@ -1,10 +1,13 @@
 """The operator's HTTP endpoint: /metrics, /healthz and /readyz on one port.
 
-/readyz answers 503 until the ledger has been rebuilt from the API, so a
-Deployment (or a test) knows exactly when decisions can start.
+/readyz answers 503 while the ledger is being rebuilt from the API, "ok" once the
+leader can decide, and "standby" for a replica waiting for the Lease (ready, so a
+rolling update can proceed; it takes no decision until it holds the Lease).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -13,8 +16,15 @@ from headroom.kube.controller import Controller
 
 
 class ProbeServer:
-    def __init__(self, controller: Controller, host: str, port: int) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        host: str,
+        port: int,
+        standby: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._controller, self._host, self._port = controller, host, port
+        self._standby = standby
         self._runner: web.AppRunner | None = None
         self.port = port
 
@@ -46,4 +56,6 @@ class ProbeServer:
     async def _readyz(self, _: web.Request) -> web.Response:
         if self._controller.ready.is_set():
             return web.Response(text="ok")
+        if self._standby():  # a healthy standby is ready: it may take over at any time
+            return web.Response(text="standby")
         return web.Response(status=503, text="rebuilding the ledger")

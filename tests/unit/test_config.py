@@ -1,0 +1,61 @@
+"""The config file: defaults, exact values, and errors that name the field and value."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from fractions import Fraction
+
+import pytest
+
+from headroom.api.config import ConfigError, parse_config, parse_duration
+
+
+def test_empty_file_means_documented_defaults() -> None:
+    config = parse_config("")
+    assert config.limits.max_overcommit_ratio == 1
+    assert config.limits.system_reserve_mb == 1024
+    assert config.limits.heartbeat_stale_window == timedelta(minutes=5)
+    assert config.ram_source == "allocatable"
+    assert config.leader_election.enabled is False
+
+
+def test_values_are_read_exactly() -> None:
+    config = parse_config("limits: {maxOvercommitRatio: 1.1, heartbeatStaleWindow: 1h30m}")
+    assert config.limits.max_overcommit_ratio == Fraction(11, 10)
+    assert config.limits.heartbeat_stale_window == timedelta(minutes=90)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("limits: {maxOvercommitRatio: -1}", "limits.maxOvercommitRatio"),
+        ("limits: {systemReserveMb: 5}", "limits.systemReserveMb"),
+        ("limits: {maxEntriesPerNode: 0}", "limits.maxEntriesPerNode"),
+        ("sweepPeriod: soon", "sweepPeriod"),
+        ("ramSource: swap", "ramSource"),
+        ("metricsPort: 70000", "metricsPort"),
+        (
+            "leaderElection: {enabled: true, leaseDuration: 5s, renewDeadline: 10s}",
+            "leaderElection",
+        ),
+        ("[1, 2]", "mapping"),
+        ("limits: [", "YAML"),
+    ],
+)
+def test_bad_config_names_the_field(text: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=r"f\.yaml") as error:
+        parse_config(text, "f.yaml")
+    assert named in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"), [("90s", 90), ("5m", 300), ("1h30m", 5400), ("250ms", 0.25), (7, 7)]
+)
+def test_durations(raw: object, seconds: float) -> None:
+    assert parse_duration(raw).total_seconds() == seconds
+
+
+@pytest.mark.parametrize("raw", ["", "5", "5d", "-1s", 0, True, "1h 30m"])
+def test_bad_durations(raw: object) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(raw)
