@@ -15,11 +15,12 @@ import itertools
 import threading
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client, watch
 
 from headroom.kube.quantity import memory_mib
+from headroom_dev.reservations import list_all
 
 GROUP, VERSION, PLURAL = "headroom.dev", "v1alpha1", "reservations"
 ALLOWED_NEXT = {
@@ -51,10 +52,12 @@ class History(threading.Thread):
     def run(self) -> None:
         while not self.stopped.is_set():
             try:
-                listed = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+                listed = cast(
+                    dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+                )
                 for obj in listed["items"]:
                     self.record(obj)
-                stream = watch.Watch().stream(
+                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
                     self.custom.list_cluster_custom_object,
                     GROUP,
                     VERSION,
@@ -99,7 +102,7 @@ def check(
 ) -> list[str]:
     """Violations of the static invariants in ``namespace`` (empty when all hold)."""
     found = []
-    items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+    items = list_all(custom, namespace)
     admitted: dict[str, int] = defaultdict(int)
     for obj in items:
         phase = (obj.get("status") or {}).get("phase")
@@ -122,16 +125,15 @@ def headroom_matches(
     deadline = time.monotonic() + timeout
     mismatches: list[str] = []
     while time.monotonic() < deadline:
-        items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        items = list_all(custom, namespace)
         recount: dict[str, int] = defaultdict(int)
         for obj in items:
             if (obj.get("status") or {}).get("phase") == "Admitted":
                 recount[obj["spec"]["node"]] += obj["spec"]["ramMB"]
         mismatches = []
         for name in nodes:
-            status = custom.get_cluster_custom_object(GROUP, VERSION, "nodeheadrooms", name).get(
-                "status", {}
-            )
+            summary = custom.get_cluster_custom_object(GROUP, VERSION, "nodeheadrooms", name)
+            status = cast(dict[str, Any], summary).get("status", {})
             if status.get("reservedRAMMB") != recount[name]:
                 mismatches.append(
                     f"{name}: NodeHeadroom {status.get('reservedRAMMB')} != recount {recount[name]}"
