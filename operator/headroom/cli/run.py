@@ -1,4 +1,4 @@
-"""Command line: ``headroom run`` starts the operator."""
+"""``headroom run``: start the operator."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import sys
 from headroom.api.config import ConfigError
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="headroom", description="Headroom operator and tools.")
-    commands = parser.add_subparsers(dest="command", required=True)
+def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = commands.add_parser("run", help="run the operator against the current kubeconfig")
     run.add_argument("--config", help="YAML config file (default: $HEADROOM_CONFIG, or defaults)")
     run.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
-    args = parser.parse_args(argv)
+    run.set_defaults(handler=main)
 
+
+def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -33,7 +33,3 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_operator(config))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,151 @@
+"""`kubectl headroom` against a scripted cluster state, through kubectl's plugin lookup too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from headroom_dev import reservations as rsv
+from headroom_dev.controlplane import ControlPlane, binary
+from headroom_dev.operator import OperatorProcess
+
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def cli(
+    control_plane: ControlPlane, namespace: str
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(*args: str, via: str = "module") -> subprocess.CompletedProcess[str]:
+        common = ["--kubeconfig", str(control_plane.kubeconfig), "-n", namespace]
+        argv = {
+            "module": [sys.executable, "-m", "headroom"],
+            "script": [str(VENV_BIN / "kubectl-headroom")],
+            "kubectl": [str(binary("kubectl")), "headroom"],
+        }[via]
+        env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+        return subprocess.run(
+            [*argv, *args, *common],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+            env=env,
+        )
+
+    return run
+
+
+@pytest.fixture
+def scene(
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> str:
+    node = f"cli-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="9Gi", labels={"nvidia.com/gpu.memory": "4096"})  # limit 8192
+    run_operator()
+    rsv.create(custom, namespace, "held", node, 6144, 1024)
+    rsv.wait_for(custom, namespace, "held")
+    return node
+
+
+def eventually(check: Callable[[], Any], timeout: float = 15) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check()
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def test_nodes_table_and_json(cli: Callable[..., Any], scene: str) -> None:
+    def shows() -> None:
+        result = cli("nodes")
+        assert result.returncode == 0, result.stderr
+        header, *rows = result.stdout.splitlines()
+        assert header.split() == [
+            "NODE",
+            "TOTAL",
+            "RESERVED",
+            "VRAM",
+            "ALLOCATABLE",
+            "UTIL%",
+            "ENTRIES",
+            "STALE",
+        ]
+        mine = [r.split() for r in rows if r.startswith(scene)]
+        assert mine, result.stdout
+        assert mine[0] == [scene, "9216", "6144", "1024/4096", "2048", "66", "1", "0"]
+
+    eventually(shows)
+    data = json.loads(cli("nodes", "-o", "json").stdout)
+    assert next(d for d in data if d["node"] == scene)["allocatableRAMMB"] == 2048
+
+
+def test_summary(cli: Callable[..., Any], scene: str) -> None:
+    def totals() -> None:
+        data = yaml.safe_load(cli("summary", "-o", "yaml").stdout)
+        assert data["totalReservedMB"] >= 6144
+        assert data["activeEntries"] >= 1
+        assert data["reservations"]["Admitted"] >= 1
+
+    eventually(totals)
+    assert "reserved RAM (MiB)" in cli("summary").stdout
+
+
+def test_reserve_wait_exit_codes_and_why(cli: Callable[..., Any], scene: str) -> None:
+    fits = cli(
+        "reserve", "--node", scene, "--ram", "1024", "--name", "small", "--ttl", "1h", "--wait"
+    )
+    assert fits.returncode == 0, fits.stderr
+    assert "admitted" in fits.stdout
+    too_big = cli("reserve", "--node", scene, "--ram", "4096", "--name", "big", "--wait")
+    assert too_big.returncode == 1
+    assert "InsufficientRAM" in too_big.stderr
+    assert "requested 4096 MiB, allocatable 1024 MiB" in too_big.stderr
+
+    def explained() -> None:
+        why = cli("why", "big")
+        assert why.returncode == 0, why.stderr
+        assert "Phase:   Rejected" in why.stdout
+        assert "total 9216 × 1 − reserve 1024 − reserved 7168" in why.stdout
+        assert "InsufficientRAM" in why.stdout.split("Events:")[1]
+
+    eventually(explained)
+    data = json.loads(cli("why", "small", "-o", "json").stdout)
+    assert data["status"]["phase"] == "Admitted"
+    assert data["spec"]["expiresAt"]
+
+
+def test_heartbeat_via_the_kubectl_plugin(
+    cli: Callable[..., Any], scene: str, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    result = cli("heartbeat", "held", via="kubectl")
+    assert result.returncode == 0, result.stderr
+    beat = rsv.get(custom, namespace, "held")["metadata"]["annotations"]["headroom.dev/heartbeat"]
+    assert beat.startswith(time.strftime("%Y-%m-%dT", time.gmtime()))
+    assert cli("nodes", via="script").returncode == 0
+
+
+def test_not_found_is_a_clear_error(
+    cli: Callable[..., Any], namespace: str, crds: list[str]
+) -> None:
+    result = cli("why", "nope")
+    assert result.returncode == 2
+    assert f'reservation "nope" not found in namespace "{namespace}"' in result.stderr
+    assert "Traceback" not in result.stderr
