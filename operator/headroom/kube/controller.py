@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
@@ -58,6 +59,7 @@ class Controller:
         self.ready = asyncio.Event()
         self._bad_node_values: dict[str, list[str]] = {}
         self._background_tasks: set[asyncio.Future[Any]] = set()
+        self._resync_task: asyncio.Task[None] | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -67,9 +69,13 @@ class Controller:
         await self.rebuild()
         self.upkeep.start()
         self.admission.start()
+        self._resync_task = asyncio.create_task(self._resync_forever(), name="resync")
         self.ready.set()
 
     async def stop(self) -> None:
+        if self._resync_task is not None:
+            self._resync_task.cancel()
+            await asyncio.gather(self._resync_task, return_exceptions=True)
         await self.admission.stop()
         await self.upkeep.stop()
         if self._background_tasks:
@@ -137,6 +143,34 @@ class Controller:
             len(undecided),
             len(result.over_committed),
         )
+
+    async def _resync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.resync_period.total_seconds())
+            try:
+                await self.resync()
+            except Exception:  # a failed resync is retried next period
+                log.exception("resync failed")
+
+    async def resync(self) -> None:
+        """Check the ledger against a full list: the safety net for a missed watch event.
+
+        An entry whose object is gone (or is a namesake) is released; an undecided
+        object is queued. Entries tracked after the list was requested are left
+        alone: the list cannot know them yet.
+        """
+        started = time.monotonic()
+        reservations, _ = await self.client.list_all(RESERVATIONS)
+        present = {
+            reservation_id(o["metadata"]["namespace"], o["metadata"]["name"]): o["metadata"]["uid"]
+            for o in reservations
+        }
+        for entry_id, tracked in list(self.state.tracked.items()):
+            if tracked.tracked_at < started and present.get(entry_id) != tracked.uid:
+                log.warning("resync: %s is gone but was still held; released", entry_id)
+                self.state.release(entry_id, tracked.uid)
+        for obj in reservations:
+            self.on_reservation(None, obj)
 
     # -- watch events ----------------------------------------------------------------------
 

@@ -9,8 +9,9 @@ happens between two ``await`` points, so no other task ever sees it half done.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from headroom.api.limits import Limits
@@ -28,6 +29,7 @@ class Tracked:
     pod: str | None
     written_heartbeat: datetime | None
     bad_heartbeat: str | None = None
+    tracked_at: float = field(default_factory=time.monotonic)
 
 
 class State:
