@@ -31,6 +31,11 @@ CHART = ROOT / "charts" / "headroom"
 MANIFEST = ROOT / "manifests" / "headroom.yaml"
 NAMESPACE, SERVICE_ACCOUNT = "headroom-system", "headroom"
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+CHART_DECISION_KEY = {
+    "enabled": True,
+    "namespace": NAMESPACE,
+    "secretName": "headroom-decision-key",
+}
 OPERATOR_GROUPS = ("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}")
 Kubectl = Callable[..., CompletedProcess[str]]
 
@@ -71,6 +76,8 @@ def test_default_render() -> None:
             "ClusterRole/headroom-view",
             "ClusterRoleBinding/headroom-operator",
             "ConfigMap/headroom-config",
+            "Role/headroom-decision-key",
+            "RoleBinding/headroom-decision-key",
             "CustomResourceDefinition/nodeheadrooms.headroom.dev",
             "CustomResourceDefinition/reservations.headroom.dev",
             "Deployment/headroom",
@@ -110,7 +117,8 @@ def test_non_default_render() -> None:
 def test_leader_election_render() -> None:
     docs = render("replicas=2", "leaderElection.enabled=true")
     by_kind = {d["kind"]: d for d in docs}
-    assert by_kind["Role"]["rules"] == [
+    lease_role = next(d for d in docs if d["metadata"]["name"] == "headroom-leader-election")
+    assert lease_role["rules"] == [
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
@@ -123,7 +131,9 @@ def test_leader_election_render() -> None:
         next(d for d in docs if d["metadata"]["name"] == "headroom-config")["data"]["config.yaml"]
     )
     assert config["leaderElection"]["enabled"] is True
-    assert "Role" not in {d["kind"] for d in render()}
+    assert config["decisionKey"] == CHART_DECISION_KEY
+    names = {f"{d['kind']}/{d['metadata']['name']}" for d in render()}
+    assert "Role/headroom-leader-election" not in names
 
 
 @pytest.mark.parametrize(
@@ -195,6 +205,7 @@ def test_operator_runs_with_only_the_charts_rbac(
             "limits": {"heartbeatStaleWindow": "2s"},
             "sweepPeriod": "1s",
             "reclaimedRetention": "1s",
+            "decisionKey": CHART_DECISION_KEY,
         },
     ).start()
     try:
@@ -306,3 +317,90 @@ def test_a_tenant_with_headroom_edit_is_confined(
     assert listing.value.status == 403
     rsv.delete(tenant, namespace, "mine")
     assert rsv.list_all(custom, namespace) == []
+
+
+def test_r4_no_path_forges_an_admission(
+    installed: None,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+) -> None:
+    """Tenants cannot write a status at all; a status written by anyone else without
+    the operator's decision stamp is not trusted on rebuild and is decided again."""
+    rbac = client.RbacAuthorizationV1Api(core.api_client)
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "tenant-edit"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "headroom-edit",
+            },
+            "subjects": [
+                {"kind": "User", "name": "mallory", "apiGroup": "rbac.authorization.k8s.io"}
+            ],
+        },
+    )
+    mallory_config = control_plane.write_kubeconfig(tmp_path / "mallory.kubeconfig", "mallory")
+    mallory = client.CustomObjectsApi(api_client(mallory_config))
+    node = f"r4-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="5Gi")  # limit 4096
+    config = {"decisionKey": {"enabled": True, "namespace": "default"}}
+    operator = run_operator(config)
+    rsv.create(custom, namespace, "first", node, 3000)
+    assert rsv.wait_for(custom, namespace, "first")["status"]["phase"] == "Admitted"
+    forged = {
+        "phase": "Admitted",
+        "reason": "Fits",
+        "message": "trust me",
+        "decisionID": "x",
+        "decisionStamp": "0" * 40,
+    }
+
+    # Create with status, or apply with status: the status subresource drops it.
+    body = {**rsv.reservation("with-status", node, 3000), "status": forged}
+    mallory.create_namespaced_custom_object(
+        "headroom.dev", "v1alpha1", namespace, "reservations", body
+    )
+    applied = subprocess.run(
+        [
+            str(binary("kubectl")),
+            f"--kubeconfig={mallory_config}",
+            "apply",
+            "--server-side",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+        ],
+        input=yaml.safe_dump({**rsv.reservation("applied", node, 3000), "status": forged}),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert applied.returncode == 0, applied.stderr
+    for name in ("with-status", "applied"):
+        assert rsv.wait_for(custom, namespace, name)["status"]["phase"] == "Rejected"
+    with pytest.raises(client.ApiException) as patched:  # patch /status: forbidden
+        mallory.patch_namespaced_custom_object_status(
+            "headroom.dev", "v1alpha1", namespace, "reservations", "with-status", {"status": forged}
+        )
+    assert patched.value.status == 403
+
+    # Someone with status rights but not the key writes Admitted while the operator is down.
+    operator.stop()
+    custom.patch_namespaced_custom_object_status(
+        "headroom.dev", "v1alpha1", namespace, "reservations", "with-status", {"status": forged}
+    )
+    run_operator(config)
+    rsv.create(custom, namespace, "honest", node, 1000)  # fits only if the forgery is ignored
+    assert rsv.wait_for(custom, namespace, "honest")["status"]["phase"] == "Admitted"
+    status = rsv.wait_for(custom, namespace, "with-status", ("Rejected",))["status"]
+    assert status["decisionStamp"] != forged["decisionStamp"]
+    reasons = {e.reason for e in core.list_namespaced_event(namespace).items}
+    assert "UntrustedStatus" in reasons

@@ -105,6 +105,18 @@ class LeaderElectionConfig(BaseModel):
         return self
 
 
+class DecisionKeyConfig(BaseModel):
+    """Where the key that stamps decisions lives (see headroom.kube.stamp)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    enabled: bool = False
+    secret_name: str = Field("headroom-decision-key", alias="secretName", min_length=1)
+    namespace: str | None = Field(
+        None, description="Namespace of the Secret; default $POD_NAMESPACE, else 'default'."
+    )
+
+
 class OperatorConfig(BaseModel):
     """Everything the operator reads at start."""
 
@@ -146,6 +158,7 @@ class OperatorConfig(BaseModel):
         alias="resyncPeriod",
         description="How often the ledger is checked against a full list of Reservations.",
     )
+    decision_key: DecisionKeyConfig = Field(default_factory=DecisionKeyConfig, alias="decisionKey")
     leader_election: LeaderElectionConfig = Field(
         default_factory=LeaderElectionConfig, alias="leaderElection"
     )

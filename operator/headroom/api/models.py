@@ -146,6 +146,12 @@ class ReservationStatus(_Model):
         max_length=128,
         description="Stamp of the operator decision that set the phase.",
     )
+    decision_stamp: str | None = Field(
+        None,
+        alias="decisionStamp",
+        max_length=128,
+        description="HMAC the operator puts on its decisions; it ignores a status without it.",
+    )
     observed_generation: int | None = Field(
         None, alias="observedGeneration", ge=0, description="Generation of the decided spec."
     )

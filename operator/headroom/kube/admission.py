@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from headroom.api.reasons import Reason
+from headroom.api.reasons import Phase, Reason
 from headroom.kube.client import JSON, ApiError, KubeClient
 from headroom.kube.events import EventRecorder
 from headroom.kube.metrics import OperatorMetrics
@@ -153,6 +153,9 @@ class Admission:
             generation=generation,
             decision_id=decision_id,
             last_heartbeat=heartbeat,
+            stamp=self._state.stamper.sign(
+                pending.uid, decision_id, str(Phase.ADMITTED if admitted else Phase.REJECTED)
+            ),
         )
         task = asyncio.create_task(self._write(pending, admitted, reason, message, status))
         self._writes.add(task)

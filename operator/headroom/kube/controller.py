@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Coroutine
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from headroom.kube.objects import (
     reservation_entry,
     reservation_id,
 )
+from headroom.kube.stamp import Stamper, load_key
 from headroom.kube.state import State, Tracked
 from headroom.kube.status import precise, reservation_ref, write_status_fields
 from headroom.kube.upkeep import Upkeep
@@ -66,6 +68,11 @@ class Controller:
     async def start(self) -> None:
         """Rebuild from the API, then start deciding. Ready only after both."""
         self.events.start()
+        key_config = self.config.decision_key
+        if key_config.enabled:
+            namespace = key_config.namespace or os.environ.get("POD_NAMESPACE", "default")
+            key = await load_key(self.client, namespace, key_config.secret_name)
+            self.state.stamper = Stamper(key)
         await self.rebuild()
         self.upkeep.start()
         self.admission.start()
@@ -94,7 +101,10 @@ class Controller:
         for obj in reservations:
             phase = (obj.get("status") or {}).get("phase")
             uid = obj["metadata"]["uid"]
-            if phase == Phase.ADMITTED:
+            if phase in (Phase.ADMITTED, Phase.REJECTED) and not self.state.stamper.trusted(obj):
+                self._distrust(obj)
+                undecided.append(obj)
+            elif phase == Phase.ADMITTED:
                 try:
                     admitted.append((reservation_entry(obj, now), obj))
                 except ValueError as error:  # cannot happen for objects we admitted
@@ -189,13 +199,31 @@ class Controller:
             self._heartbeat_reservation(entry_id, obj)
             return
         phase = (obj.get("status") or {}).get("phase")
-        if uid in self.state.rejected or phase in (Phase.REJECTED, Phase.RECLAIMED):
+        if uid in self.state.rejected or phase == Phase.RECLAIMED:
             return
-        if phase == Phase.ADMITTED:
-            # Admitted, yet not in the ledger: released by us (pod deleted, rolled back)
-            # while this older body was in flight, or a status not written by us.
-            return
+        if phase in (Phase.ADMITTED, Phase.REJECTED):
+            if self.state.stamper.trusted(obj):
+                # Decided by us, yet neither held nor rejected here: an older body of one
+                # we already released (pod deleted, reclaimed), or decided before a restart.
+                return
+            self._distrust(obj)
         self.admission.submit(obj)
+
+    def _distrust(self, obj: JSON) -> None:
+        meta, status = obj["metadata"], obj.get("status") or {}
+        log.warning(
+            "%s/%s: status %s not written by this operator; deciding it again",
+            meta["namespace"],
+            meta["name"],
+            status.get("phase"),
+        )
+        self.events.record(
+            reservation_ref(meta["namespace"], meta["name"], meta["uid"]),
+            "UntrustedStatus",
+            f"status.phase {status.get('phase')} carries no valid decision stamp; "
+            "ignored and decided again",
+            "Warning",
+        )
 
     def _heartbeat_reservation(self, entry_id: str, obj: JSON) -> None:
         tracked = self.state.tracked[entry_id]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from headroom.api.limits import Limits
+from headroom.kube.stamp import Stamper
 from headroom.ledger import Entry, Ledger
 
 
@@ -42,6 +43,7 @@ class State:
         self.node_uids: dict[str, str] = {}
         self.dirty_nodes: set[str] = set()
         self.on_admitted: Callable[[Entry], None] = lambda entry: None
+        self.stamper = Stamper(None)  # replaced at start when a decision key is configured
 
     def track(self, entry: Entry, tracked: Tracked) -> None:
         """Link an entry the ledger just admitted (or rebuilt) to its object."""

@@ -56,12 +56,14 @@ def decision_status(
     generation: int | None,
     decision_id: str,
     last_heartbeat: datetime | None,
+    stamp: str | None = None,
 ) -> JSON:
     status: JSON = {
         "phase": str(Phase.ADMITTED if admitted else Phase.REJECTED),
         "reason": str(reason),
         "message": message,
         "decisionID": decision_id,
+        **({"decisionStamp": stamp} if stamp else {}),
         "conditions": [admitted_condition(admitted, reason, message, now, generation)],
     }
     if generation is not None:
