@@ -116,7 +116,7 @@ def test_r1_operator_sigkilled_every_few_seconds(
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     pour(custom, namespace, nodes, rng, SIZE)
-    while len(kills) < 3:  # at least three kills, one after the last create
+    while len(kills) < max(3, SIZE // 500):  # more kills, also after the last create
         time.sleep(0.5)
     done.set()
     thread.join()
