@@ -148,6 +148,41 @@ class Bench:
         await client.request("DELETE", ns_path(namespace))
         return count / (end - start)
 
+    # -- B4 ------------------------------------------------------------------------------
+
+    async def b4_reclaim(self, client: KubeClient, count: int) -> dict[str, float]:
+        """``count`` reservations created together, never heartbeated: all go stale at
+        once; seconds from their stale deadline until every one is Reclaimed."""
+        window, sweep = 10.0, 10.0
+        operator = self.operator(
+            {
+                "limits": {"maxEntriesPerNode": 100_000, "heartbeatStaleWindow": f"{window:.0f}s"},
+                "sweepPeriod": f"{sweep:.0f}s",
+                "reclaimedRetention": "1h",
+            }
+        ).start()
+        namespace = await self.namespace(client)
+        await self.create_many(client, namespace, count, 1, prefix="s")
+        await self.wait_decided(client, namespace, count)
+        items, _ = await client.list_all(ns_path(namespace))
+        last_created = max(
+            time.monotonic()
+            - (
+                datetime.now(UTC)
+                - datetime.fromisoformat(i["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+            ).total_seconds()
+            for i in items
+        )
+        deadline = last_created + window
+        while True:
+            items, _ = await client.list_all(ns_path(namespace))
+            if all((i.get("status") or {}).get("phase") == "Reclaimed" for i in items):
+                break
+            await asyncio.sleep(0.1)
+        done = time.monotonic()
+        operator.stop()
+        return {"reservations": count, "after_deadline_s": done - deadline, "sweep_period_s": sweep}
+
     # -- B2 ------------------------------------------------------------------------------
 
     async def b2_latency(self, client: KubeClient, rate: float, seconds: float) -> dict[str, float]:
@@ -229,6 +264,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         n1 = 500 if args.quick else 2000
         config = {"limits": {"maxEntriesPerNode": 100_000}}
 
+        await bench.b0_ceiling(
+            client, 200
+        )  # warm-up: the first requests of a fresh server are slow
         b0 = [await bench.b0_ceiling(client, n1) for _ in range(repeats)]
         results["B0"] = {"creates_patches_per_s": b0}
         operator = bench.operator(config).start()
@@ -275,6 +313,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "idle_cpu_pct": cpu,
         }
         operator.stop()
+        await bench.clear(client)
+        results["B4"] = await bench.b4_reclaim(client, 200 if args.quick else 1000)
         await client.close()
     return results
 
