@@ -176,6 +176,22 @@ def test_rendered_manifests_apply_cleanly(installed: None, kubectl: Kubectl) -> 
         assert f"clusterrole.rbac.authorization.k8s.io/{role}" in roles
 
 
+def bind_headroom_edit(core: client.CoreV1Api, namespace: str, user: str) -> None:
+    """Grant ``user`` the chart's headroom-edit role in ``namespace`` only."""
+    client.RbacAuthorizationV1Api(core.api_client).create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": f"{user}-headroom-edit"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "headroom-edit",
+            },
+            "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
+        },
+    )
+
+
 def operator_as_service_account(
     control_plane: ControlPlane, tmp_path: Path, config: dict[str, Any]
 ) -> OperatorProcess:
@@ -269,21 +285,7 @@ def test_a_tenant_with_headroom_edit_is_confined(
 ) -> None:
     other = f"t-other-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": other}})
-    rbac = client.RbacAuthorizationV1Api(core.api_client)
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "tenant-edit"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "headroom-edit",
-            },
-            "subjects": [
-                {"kind": "User", "name": "tenant", "apiGroup": "rbac.authorization.k8s.io"}
-            ],
-        },
-    )
+    bind_headroom_edit(core, namespace, "tenant")
     tenant = client.CustomObjectsApi(
         api_client(control_plane.write_kubeconfig(tmp_path / "tenant.kubeconfig", "tenant"))
     )
@@ -331,21 +333,7 @@ def test_r4_no_path_forges_an_admission(
 ) -> None:
     """Tenants cannot write a status at all; a status written by anyone else without
     the operator's decision stamp is not trusted on rebuild and is decided again."""
-    rbac = client.RbacAuthorizationV1Api(core.api_client)
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "tenant-edit"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "headroom-edit",
-            },
-            "subjects": [
-                {"kind": "User", "name": "mallory", "apiGroup": "rbac.authorization.k8s.io"}
-            ],
-        },
-    )
+    bind_headroom_edit(core, namespace, "mallory")
     mallory_config = control_plane.write_kubeconfig(tmp_path / "mallory.kubeconfig", "mallory")
     mallory = client.CustomObjectsApi(api_client(mallory_config))
     node = f"r4-{uuid.uuid4().hex[:6]}"
