@@ -50,6 +50,10 @@ EXPECTED = {
     "short-lived": ("Reclaimed", "Expired"),
 }
 
+#: Reservations whose owner is alive; "short-lived" too, so that it ends by expiry,
+#: not by going stale first.
+HEARTBEATING = ("train-42", "notebook", "heartbeating", "short-lived")
+
 
 def _say(text: str) -> None:
     print(text, flush=True)
@@ -60,7 +64,7 @@ def _rfc3339(moment: datetime) -> str:
 
 
 def apply_demo(custom: client.CustomObjectsApi, expiry: timedelta) -> None:
-    expires = (datetime.now(UTC) + expiry).strftime("%Y-%m-%dT%H:%M:%SZ")
+    expires = _rfc3339(datetime.now(UTC) + expiry)
     beat = {"headroom.dev/heartbeat": _rfc3339(datetime.now(UTC))}
     demo = [
         rsv.reservation("train-42", "gpu-medium", 8192, 16000, description="fine-tune run 42"),
@@ -71,7 +75,7 @@ def apply_demo(custom: client.CustomObjectsApi, expiry: timedelta) -> None:
         rsv.reservation("heartbeating", "gpu-medium", 2048, description="kept alive by make dev"),
     ]
     for body in demo:
-        if body["metadata"]["name"] in ("train-42", "notebook", "heartbeating"):
+        if body["metadata"]["name"] in HEARTBEATING:
             body["metadata"]["annotations"] = beat
         custom.create_namespaced_custom_object(
             "headroom.dev", "v1alpha1", NAMESPACE, "reservations", body
@@ -80,7 +84,7 @@ def apply_demo(custom: client.CustomObjectsApi, expiry: timedelta) -> None:
 
 def heartbeat(custom: client.CustomObjectsApi) -> None:
     beat = {"metadata": {"annotations": {"headroom.dev/heartbeat": _rfc3339(datetime.now(UTC))}}}
-    for name in ("train-42", "notebook", "heartbeating"):
+    for name in HEARTBEATING:
         with contextlib.suppress(client.ApiException):
             custom.patch_namespaced_custom_object(
                 "headroom.dev", "v1alpha1", NAMESPACE, "reservations", name, beat
@@ -102,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="run the demo to its end and exit")
     args = parser.parse_args(argv)
     stale, expiry = (
-        (timedelta(seconds=4), timedelta(seconds=3))
+        # --once: 8 s of life leaves room for a slow first admission on a busy machine
+        # (one decided after its expiry is, rightly, Rejected AlreadyExpired).
+        (timedelta(seconds=4), timedelta(seconds=8))
         if args.once
         else (timedelta(seconds=30), timedelta(seconds=45))
     )

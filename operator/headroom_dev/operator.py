@@ -54,21 +54,25 @@ class OperatorProcess:
         finally:
             conn.close()
 
-    def ready(self) -> bool:
+    def ready(self, body: str | None = None) -> bool:
+        """/readyz answers 200 (and, if given, exactly ``body``: "ok" or "standby")."""
         try:
-            return self.get("/readyz")[0] == 200
+            status, text = self.get("/readyz")
         except OSError:
             return False
+        return status == 200 and (body is None or text == body)
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 60, body: str | None = None) -> None:
+        """Wait for /readyz; ``body="ok"`` waits for a leader that can decide, since a
+        replica that has not yet taken the Lease is ready too (as "standby")."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen is not None and self.popen.poll() is not None:
                 raise RuntimeError(f"operator exited ({self.popen.returncode}):\n{self.tail()}")
-            if self.ready():
+            if self.ready(body):
                 return
             time.sleep(0.05)
-        raise TimeoutError(f"operator not ready after {timeout}s:\n{self.tail()}")
+        raise TimeoutError(f"operator not ready ({body or 200}) after {timeout}s:\n{self.tail()}")
 
     def metrics(self) -> dict[str, float]:
         """Parsed /metrics: ``'name{label="v"}' -> value``."""

@@ -214,7 +214,7 @@ def test_r5_leader_killed_under_load_standby_takes_over(
         },
     }
     leader = run_operator(config)
-    assert leader.get("/readyz") == (200, "ok")
+    leader.wait_ready(timeout=30, body="ok")  # first to take the Lease, then rebuilt
     standby = run_operator(config)
     assert standby.get("/readyz") == (200, "standby")
 
