@@ -34,7 +34,6 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = 300
     settings.watching.reconnect_backoff = 1.0
     settings.batching.batch_window = 0.01  # act on an event at once; merging costs latency
-    settings.batching.idle_timeout = 30.0
     settings.watching.label_selectors["v1", "pods"] = OWNER_SELECTOR
 
 
