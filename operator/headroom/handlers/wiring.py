@@ -1,6 +1,8 @@
 """kopf wiring: each handler is one call into the controller.
 
-Only ``on.event`` handlers are used for watched kinds: they keep no progress
+Reservations are not watched here: the controller follows them with its own
+WATCH from the rebuild's list (see ``headroom.kube.watch``). Only ``on.event``
+handlers are used for the kinds kopf watches: they keep no progress
 annotations and add no finalizers, so ``kubectl delete`` never waits for the
 operator, and an event costs one dictionary lookup when nothing changed. The
 handlers are ``async`` on purpose: kopf runs sync handlers in threads, where they
@@ -17,7 +19,7 @@ from typing import Any, cast
 
 import kopf
 
-from headroom.api.models import GROUP, VERSION
+from headroom.api.models import GROUP
 from headroom.kube.client import JSON, Credentials
 from headroom.kube.controller import Controller
 
@@ -61,10 +63,6 @@ def build_registry(credentials: Credentials) -> kopf.OperatorRegistry:
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await controller_of(memo).stop()
-
-    @kopf.on.event(GROUP, VERSION, "reservations", registry=registry)
-    async def reservation(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        controller_of(memo).on_reservation(event["type"], cast(JSON, event["object"]))
 
     @kopf.on.event("v1", "nodes", registry=registry)
     async def node(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:

@@ -194,6 +194,35 @@ class KubeClient:
             version = page.get("metadata", {}).get("resourceVersion", version)
         return items, version
 
+    async def watch(
+        self, path: str, *, resource_version: str, timeout_seconds: int = 270
+    ) -> AsyncIterator[JSON]:
+        """Yield the events of one WATCH from ``resource_version`` until the server ends it.
+
+        Bookmarks are asked for so that a quiet watch still advances its version. The
+        read timeout is the server's plus a margin: a silent, dead connection ends
+        in :class:`TimeoutError` instead of hanging.
+        """
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_seconds,
+        }
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
+        url = path.lstrip("/") + "?" + urlencode(params)
+        self.calls += 1
+        async with self._session.get(url, timeout=timeout) as response:
+            if response.status >= 300:
+                raise _api_error(response.status, await response.text())
+            pending = b""
+            async for chunk in response.content.iter_any():
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+
 
 def _api_error(status: int, text: str) -> ApiError:
     try:

@@ -8,8 +8,10 @@ point are queued in creation order. A reservation whose status already carries
 a decision is never decided again; one that is Reclaimed is only scheduled for
 deletion.
 
-The ``on_*`` methods are what the kopf handlers call, one per watch event; they
-are synchronous and cheap, so a burst of events never stalls the event loop.
+Reservations are then followed by our own WATCH from the rebuild's
+resourceVersion (:mod:`headroom.kube.watch` says why not kopf); Nodes and owner
+pods through kopf. The ``on_*`` methods take one watch event each; they are
+synchronous and cheap, so a burst of events never stalls the event loop.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from headroom.kube.stamp import Stamper, load_key
 from headroom.kube.state import State, Tracked
 from headroom.kube.status import precise, reservation_ref, write_status_fields
 from headroom.kube.upkeep import Upkeep
+from headroom.kube.watch import follow
 from headroom.ledger import Entry
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ class Controller:
         self._bad_node_values: dict[str, list[str]] = {}
         self._background_tasks: set[asyncio.Future[Any]] = set()
         self._resync_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -73,26 +77,32 @@ class Controller:
             namespace = key_config.namespace or os.environ.get("POD_NAMESPACE", "default")
             key = await load_key(self.client, namespace, key_config.secret_name)
             self.state.stamper = Stamper(key)
-        await self.rebuild()
+        version = await self.rebuild()
         self.upkeep.start()
         self.admission.start()
+        self._watch_task = asyncio.create_task(
+            follow(self.client, RESERVATIONS, version, self.on_reservation, self.resync),
+            name="watch-reservations",
+        )
         self._resync_task = asyncio.create_task(self._resync_forever(), name="resync")
         self.ready.set()
 
     async def stop(self) -> None:
-        if self._resync_task is not None:
-            self._resync_task.cancel()
-            await asyncio.gather(self._resync_task, return_exceptions=True)
+        for task in (self._watch_task, self._resync_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.admission.stop()
         await self.upkeep.stop()
         if self._background_tasks:
             await asyncio.gather(*self._background_tasks, return_exceptions=True)
         await self.events.stop()
 
-    async def rebuild(self) -> None:
+    async def rebuild(self) -> str:
+        """Rebuild the ledger; return the Reservation list's resourceVersion to watch from."""
         started = datetime.now(UTC)
         nodes, _ = await self.client.list_all(NODES)
-        reservations, _ = await self.client.list_all(RESERVATIONS)
+        reservations, version = await self.client.list_all(RESERVATIONS)
         for node in nodes:
             self.on_node(None, node)
         now = datetime.now(UTC)
@@ -153,6 +163,7 @@ class Controller:
             len(undecided),
             len(result.over_committed),
         )
+        return version
 
     async def _resync_forever(self) -> None:
         while True:
@@ -162,15 +173,16 @@ class Controller:
             except Exception:  # a failed resync is retried next period
                 log.exception("resync failed")
 
-    async def resync(self) -> None:
-        """Check the ledger against a full list: the safety net for a missed watch event.
+    async def resync(self) -> str:
+        """Check the ledger against a full list: the safety net for a missed watch event,
+        and the relist when the watch's version expired. Returns the list's version.
 
         An entry whose object is gone (or is a namesake) is released; an undecided
         object is queued. Entries tracked after the list was requested are left
         alone: the list cannot know them yet.
         """
         started = time.monotonic()
-        reservations, _ = await self.client.list_all(RESERVATIONS)
+        reservations, version = await self.client.list_all(RESERVATIONS)
         present = {
             reservation_id(o["metadata"]["namespace"], o["metadata"]["name"]): o["metadata"]["uid"]
             for o in reservations
@@ -181,6 +193,7 @@ class Controller:
                 self.state.release(entry_id, tracked.uid)
         for obj in reservations:
             self.on_reservation(None, obj)
+        return version
 
     # -- watch events ----------------------------------------------------------------------
 
