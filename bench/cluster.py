@@ -183,6 +183,53 @@ class Bench:
         operator.stop()
         return {"reservations": count, "after_deadline_s": done - deadline, "sweep_period_s": sweep}
 
+    @staticmethod
+    async def _admitted(operator: OperatorProcess) -> float:
+        """Admissions so far from /metrics; 0 while a busy operator is slow to answer."""
+        try:
+            metrics = await asyncio.to_thread(operator.metrics)
+        except OSError:
+            return 0
+        return metrics.get('headroom_decisions_total{phase="Admitted"}', 0)
+
+    # -- B6 ------------------------------------------------------------------------------
+
+    async def b6_scale(
+        self, client: KubeClient, nodes: int, reservations: int, burst: int
+    ) -> dict[str, Any]:
+        """B1's throughput and the operator's RSS with many nodes and reservations."""
+        names = [f"scale-{i:05d}" for i in range(nodes)]
+        status = {"status": {"capacity": {"memory": "1Ti"}, "allocatable": {"memory": "1Ti"}}}
+
+        async def node(name: str) -> None:
+            await client.create("/api/v1/nodes", {"metadata": {"name": name}})
+            await client.merge_patch(f"/api/v1/nodes/{name}/status", status)
+
+        await bounded([node(n) for n in names], 64)
+        small_nodes, self.nodes = self.nodes, names
+        # A day-long stale window: nothing here heartbeats, and filling takes minutes.
+        operator = self.operator(
+            {"limits": {"maxEntriesPerNode": 100_000, "heartbeatStaleWindow": "24h"}}
+        ).start()
+        namespace = await self.namespace(client)
+        start = time.monotonic()
+        await self.create_many(client, namespace, reservations, 1, prefix="s")
+        while await self._admitted(operator) < reservations:  # noqa: ASYNC110 - another process
+            await asyncio.sleep(1)
+        filled = time.monotonic() - start
+        rates = [await self.b1_throughput(client, burst) for _ in range(1 if self.quick else 2)]
+        assert operator.popen is not None
+        rss = psutil.Process(operator.popen.pid).memory_info().rss / 2**20
+        operator.stop()
+        self.nodes = small_nodes
+        return {
+            "nodes": nodes,
+            "reservations": reservations,
+            "fill_s": filled,
+            "admissions_per_s": rates,
+            "rss_mb": rss,
+        }
+
     # -- B2 ------------------------------------------------------------------------------
 
     async def b2_latency(self, client: KubeClient, rate: float, seconds: float) -> dict[str, float]:
@@ -269,63 +316,158 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )  # warm-up: the first requests of a fresh server are slow
         b0 = [await bench.b0_ceiling(client, n1) for _ in range(repeats)]
         results["B0"] = {"creates_patches_per_s": b0}
-        operator = bench.operator(config).start()
-        b1 = [await bench.b1_throughput(client, n1) for _ in range(repeats)]
-        results["B1"] = {
-            "admissions_per_s": b1,
-            "ratio_to_B0": statistics.median(b1) / statistics.median(b0),
-        }
-        results["B2"] = await bench.b2_latency(client, 50, 10 if args.quick else 30)
-        operator.stop()
-
-        # B3: 10,000 existing (half admitted by a previous operator), restart.
-        n3 = 2000 if args.quick else 10_000
-        namespace = await bench.namespace(client)
-        operator = bench.operator(config).start()
-        await bench.create_many(client, namespace, n3 // 2, 1, prefix="a")
-        await bench.wait_decided(client, namespace, n3 // 2)
-        operator.stop()
-        await bench.create_many(client, namespace, n3 - n3 // 2, 1, prefix="p")
-        start = time.monotonic()
-        operator = bench.operator(config).start(wait_ready=False)
-        operator.wait_ready(120)
-        ready = time.monotonic() - start
-        await client.create(ns_path(namespace), body("first-new", bench.nodes[0], 1))
-        while True:
-            obj = await client.get(ns_path(namespace, "first-new"))
-            if (obj.get("status") or {}).get("phase"):
-                break
-            await asyncio.sleep(0.02)
-        first = time.monotonic() - start
-        await bench.wait_decided(client, namespace, n3 + 1)
-        assert operator.popen is not None
-        process = psutil.Process(operator.popen.pid)
-        rss = process.memory_info().rss / 2**20
-        cpu_before = sum(process.cpu_times()[:2])
-        idle = 10 if args.quick else 60
-        await asyncio.sleep(idle)
-        cpu = (sum(process.cpu_times()[:2]) - cpu_before) / idle * 100
-        results["B3"] = {
-            "reservations": n3 + 1,
-            "ready_s": ready,
-            "first_admission_s": first,
-            "rss_mb": rss,
-            "idle_cpu_pct": cpu,
-        }
-        operator.stop()
-        await bench.clear(client)
-        results["B4"] = await bench.b4_reclaim(client, 200 if args.quick else 1000)
+        if not args.only_b6:
+            await bench_b1_to_b4(bench, client, args, results, n1, repeats, config)
+        if not args.skip_b6:
+            results["B6"] = await bench.b6_scale(client, args.b6_nodes, args.b6_reservations, n1)
+            results["B6"]["ratio_to_B0"] = statistics.median(
+                results["B6"]["admissions_per_s"]
+            ) / statistics.median(b0)
         await client.close()
     return results
+
+
+async def bench_b1_to_b4(
+    bench: Bench,
+    client: KubeClient,
+    args: argparse.Namespace,
+    results: dict[str, Any],
+    n1: int,
+    repeats: int,
+    config: dict[str, Any],
+) -> None:
+    b0 = results["B0"]["creates_patches_per_s"]
+    operator = bench.operator(config).start()
+    b1 = [await bench.b1_throughput(client, n1) for _ in range(repeats)]
+    results["B1"] = {
+        "admissions_per_s": b1,
+        "ratio_to_B0": statistics.median(b1) / statistics.median(b0),
+    }
+    results["B2"] = await bench.b2_latency(client, 50, 10 if args.quick else 30)
+    operator.stop()
+
+    # B3: 10,000 existing (half admitted by a previous operator), restart.
+    n3 = 2000 if args.quick else 10_000
+    namespace = await bench.namespace(client)
+    operator = bench.operator(config).start()
+    await bench.create_many(client, namespace, n3 // 2, 1, prefix="a")
+    await bench.wait_decided(client, namespace, n3 // 2)
+    operator.stop()
+    await bench.create_many(client, namespace, n3 - n3 // 2, 1, prefix="p")
+    start = time.monotonic()
+    operator = bench.operator(config).start(wait_ready=False)
+    operator.wait_ready(120)
+    ready = time.monotonic() - start
+    await client.create(ns_path(namespace), body("first-new", bench.nodes[0], 1))
+    while True:
+        obj = await client.get(ns_path(namespace, "first-new"))
+        if (obj.get("status") or {}).get("phase"):
+            break
+        await asyncio.sleep(0.02)
+    first = time.monotonic() - start
+    await bench.wait_decided(client, namespace, n3 + 1)
+    assert operator.popen is not None
+    process = psutil.Process(operator.popen.pid)
+    rss = process.memory_info().rss / 2**20
+    cpu_before = sum(process.cpu_times()[:2])
+    idle = 10 if args.quick else 60
+    await asyncio.sleep(idle)
+    cpu = (sum(process.cpu_times()[:2]) - cpu_before) / idle * 100
+    results["B3"] = {
+        "reservations": n3 + 1,
+        "ready_s": ready,
+        "first_admission_s": first,
+        "rss_mb": rss,
+        "idle_cpu_pct": cpu,
+    }
+    operator.stop()
+    await bench.clear(client)
+    results["B4"] = await bench.b4_reclaim(client, 200 if args.quick else 1000)
+    await bench.clear(client)
+
+
+def _spread(values: list[float], unit: str) -> str:
+    return (
+        f"{statistics.median(values):,.0f}{unit} (min {min(values):,.0f}, max {max(values):,.0f})"
+    )
+
+
+def table(results: dict[str, Any]) -> str:
+    """The headline figures, one row per benchmark that ran."""
+    rows = [
+        (
+            "B0",
+            "API ceiling, creates+patches",
+            _spread(results["B0"]["creates_patches_per_s"], "/s"),
+        )
+    ]
+    if "B1" in results:
+        b1 = results["B1"]
+        rows.append(
+            (
+                "B1",
+                "admissions",
+                f"{_spread(b1['admissions_per_s'], '/s')}; {b1['ratio_to_B0']:.2f} x B0",
+            )
+        )
+    if "B2" in results:
+        b2 = results["B2"]
+        rows.append(
+            (
+                "B2",
+                "create -> decision",
+                f"p50 {b2['p50_ms']:.1f} ms, p95 {b2['p95_ms']:.1f}, p99 {b2['p99_ms']:.1f}",
+            )
+        )
+    if "B3" in results:
+        b3 = results["B3"]
+        rows.append(
+            (
+                "B3",
+                f"restart with {b3['reservations']:,}",
+                f"ready {b3['ready_s']:.1f} s, first admission {b3['first_admission_s']:.1f} s, "
+                f"RSS {b3['rss_mb']:.0f} MB, idle CPU {b3['idle_cpu_pct']:.1f} %",
+            )
+        )
+    if "B4" in results:
+        b4 = results["B4"]
+        rows.append(
+            (
+                "B4",
+                f"{b4['reservations']:,} go stale at once",
+                f"all Reclaimed {b4['after_deadline_s']:.1f} s after the deadline",
+            )
+        )
+    if "B6" in results:
+        b6 = results["B6"]
+        rows.append(
+            (
+                "B6",
+                f"{b6['nodes']:,} nodes, {b6['reservations']:,} reservations",
+                f"{_spread(b6['admissions_per_s'], '/s')}; {b6['ratio_to_B0']:.2f} x B0; "
+                f"RSS {b6['rss_mb']:.0f} MB; filled in {b6['fill_s']:.0f} s",
+            )
+        )
+    width = max(len(what) for _, what, _ in rows)
+    return "\n".join(f"{bid}  {what:<{width}}  {figure}" for bid, what, figure in rows)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
+    parser.add_argument("--only-b6", action="store_true", help="B0 and B6 only")
+    parser.add_argument("--skip-b6", action="store_true", help="B0 to B4 only")
+    parser.add_argument("--b6-nodes", type=int, default=None, help="default 5,000 (500 quick)")
+    parser.add_argument(
+        "--b6-reservations", type=int, default=None, help="default 50,000 (5,000 quick)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    args.b6_nodes = args.b6_nodes or (500 if args.quick else 5000)
+    args.b6_reservations = args.b6_reservations or (5000 if args.quick else 50_000)
     results = asyncio.run(run(args))
-    print(json.dumps(results, indent=2))
+    print(f"{results['date']}, {results['machine']}")
+    print(table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
