@@ -1,6 +1,6 @@
 """The controller in-process against the real API server, driven event by event.
 
-Here the test plays kopf: it hands the controller watch events itself, so it can
+Here the test plays the watch: it hands the controller Reservation events itself, so it can
 also *withhold* one, the way a broken watch can lose a DELETED event, and check
 that the periodic resync releases the capacity anyway.
 """
@@ -33,7 +33,7 @@ async def controller(control_plane: ControlPlane, crds: list[str]) -> AsyncItera
             key_file=str(pki / "admin.key"),
         )
     )
-    controller = Controller(OperatorConfig(), kube)
+    controller = Controller(OperatorConfig(), kube, follow_reservations=False)
     yield controller
     await controller.stop()
     await kube.close()

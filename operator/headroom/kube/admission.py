@@ -4,9 +4,15 @@ Reservations waiting for a decision sit in a queue keyed by uid. One task drains
 it: each batch is sorted by creation time (ties by the order the watch delivered
 them, which follows etcd's revision order), and each reservation is decided by
 the pure ledger synchronously, so two reservations can never both take the same
-last bit of headroom. Only then is the decision written to status; the writes of
-a batch proceed concurrently, and a write that fails rolls its entry back out of
-the ledger and puts the reservation back in the queue.
+last bit of headroom. Only then is the decision written to status; writes proceed
+concurrently, and a write that fails rolls its entry back out of the ledger and
+puts the reservation back in the queue.
+
+Memory stays flat under a burst: the queue keeps only the fields a decision reads
+(not managedFields and other annotations), and at most ``MAX_WRITES_IN_FLIGHT``
+decisions are being written at once; the decider waits for a free slot *between*
+decisions, never inside one. Without that bound a backlog of 30,000 became 30,000
+write tasks at once and the operator grew past 1 GB.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from datetime import UTC, datetime
 
 import aiohttp
 
+from headroom.api.models import HEARTBEAT_ANNOTATION
 from headroom.api.reasons import Phase, Reason
 from headroom.kube.client import JSON, ApiError, KubeClient
 from headroom.kube.events import EventRecorder
@@ -32,6 +39,7 @@ from headroom.kube.status import decision_status, reservation_ref, write_status
 log = logging.getLogger(__name__)
 _RETRY_DELAY = 0.5
 _MAX_RETRY_DELAY = 5.0
+MAX_WRITES_IN_FLIGHT = 128  # twice the client's connection pool: it stays saturated
 
 
 @dataclass(slots=True)
@@ -54,6 +62,7 @@ class Admission:
         self._sequence = itertools.count()
         self._writes: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
+        self._slots = asyncio.Semaphore(MAX_WRITES_IN_FLIGHT)
         self.run_id = uuid.uuid4().hex[:8]
         self._decisions = itertools.count(1)
 
@@ -62,6 +71,7 @@ class Admission:
 
     def submit(self, obj: JSON) -> None:
         """Queue an undecided reservation (idempotent: a uid is queued once)."""
+        obj = _essentials(obj)
         metadata = obj["metadata"]
         uid = metadata["uid"]
         if uid in self._queue:
@@ -88,9 +98,12 @@ class Admission:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            batch = sorted(self._queue.values(), key=lambda p: p.order)
-            self._queue.clear()
-            for pending in batch:
+            for pending in sorted(self._queue.values(), key=lambda p: p.order):
+                await self._slots.acquire()  # between decisions: the ledger is consistent
+                if self._queue.get(pending.uid) is not pending:  # withdrawn while waiting
+                    self._slots.release()
+                    continue
+                del self._queue[pending.uid]
                 self._decide(pending)
 
     def _decide(self, pending: Pending) -> None:
@@ -159,7 +172,11 @@ class Admission:
         )
         task = asyncio.create_task(self._write(pending, admitted, reason, message, status))
         self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        task.add_done_callback(self._write_done)
+
+    def _write_done(self, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        self._slots.release()
 
     async def _write(
         self, pending: Pending, admitted: bool, reason: Reason, message: str, status: JSON
@@ -219,3 +236,21 @@ class Admission:
         if pending.uid not in self._queue:
             self._queue[pending.uid] = pending
             self._wake.set()
+
+
+def _essentials(obj: JSON) -> JSON:
+    """What a decision reads from a Reservation; the rest of the body is not kept."""
+    metadata = obj["metadata"]
+    kept = {
+        key: metadata[key]
+        for key in ("uid", "namespace", "name", "creationTimestamp", "generation")
+        if key in metadata
+    }
+    beat = (metadata.get("annotations") or {}).get(HEARTBEAT_ANNOTATION)
+    if beat is not None:
+        kept["annotations"] = {HEARTBEAT_ANNOTATION: beat}
+    status = obj.get("status") or {}
+    slim: JSON = {"metadata": kept, "spec": obj.get("spec")}
+    if "lastHeartbeat" in status:
+        slim["status"] = {"lastHeartbeat": status["lastHeartbeat"]}
+    return slim

@@ -53,8 +53,13 @@ DELETED = "DELETED"
 
 
 class Controller:
-    def __init__(self, config: OperatorConfig, client: KubeClient) -> None:
+    def __init__(
+        self, config: OperatorConfig, client: KubeClient, *, follow_reservations: bool = True
+    ) -> None:
+        """``follow_reservations=False``: the caller delivers Reservation events itself
+        (a test that withholds one, as a broken watch would)."""
         self.config = config
+        self._follow_reservations = follow_reservations
         self.client = client
         self.state = State(config.limits.to_limits())
         self.metrics = OperatorMetrics(lambda: self.state.ledger if self.ready.is_set() else None)
@@ -80,10 +85,11 @@ class Controller:
         version = await self.rebuild()
         self.upkeep.start()
         self.admission.start()
-        self._watch_task = asyncio.create_task(
-            follow(self.client, RESERVATIONS, version, self.on_reservation, self.resync),
-            name="watch-reservations",
-        )
+        if self._follow_reservations:
+            self._watch_task = asyncio.create_task(
+                follow(self.client, RESERVATIONS, version, self.on_reservation, self.resync),
+                name="watch-reservations",
+            )
         self._resync_task = asyncio.create_task(self._resync_forever(), name="resync")
         self.ready.set()
 
