@@ -188,5 +188,9 @@ def test_metrics_after_a_scripted_sequence(
         assert m[f'headroom_node_allocatable_ram_mb{{node="{node}"}}'] == 2048
         assert m["headroom_admission_latency_seconds_count"] == 4
         assert m['headroom_decisions_total{phase="Admitted"}'] == 2
+        # one Event per decision (the node's own Events add to it), all posted
+        assert m["headroom_events_posted_total"] >= 4
+        assert m["headroom_events_queued"] == 0
+        assert m["headroom_events_dropped_total"] == 0
 
     eventually(counted)

@@ -30,7 +30,7 @@ from headroom.api.reasons import Phase, Reason
 from headroom.kube.admission import Admission
 from headroom.kube.client import JSON, KubeClient, resource_path
 from headroom.kube.events import EventRecorder, ObjectRef
-from headroom.kube.metrics import OperatorMetrics
+from headroom.kube.metrics import EventsCollector, OperatorMetrics
 from headroom.kube.objects import (
     heartbeat_of,
     node_capacity,
@@ -64,6 +64,7 @@ class Controller:
         self.state = State(config.limits.to_limits())
         self.metrics = OperatorMetrics(lambda: self.state.ledger if self.ready.is_set() else None)
         self.events = EventRecorder(client)
+        self.metrics.registry.register(EventsCollector(self.events))
         self.admission = Admission(self.state, client, self.events, self.metrics)
         self.upkeep = Upkeep(self.state, client, self.events, self.metrics, config)
         self.ready = asyncio.Event()

@@ -42,6 +42,10 @@ class EventRecorder:
         self.dropped = 0
         self.posted = 0
 
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
     def record(
         self,
         ref: ObjectRef,

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from headroom.kube.events import EventRecorder
 from headroom.ledger import Ledger
 
 PREFIX = "headroom"
@@ -76,6 +77,28 @@ class LedgerCollector(Collector):
             utilization.add_metric([node.node], node.utilization_pct / 100)
         yield from families.values()
         yield utilization
+
+
+class EventsCollector(Collector):
+    """The Event recorder's backlog: Events are posted off the hot path, so a burst of
+    decisions leaves a queue that drains later (and work that is not idle CPU)."""
+
+    def __init__(self, recorder: EventRecorder) -> None:
+        self._recorder = recorder
+
+    def collect(self) -> Iterator[Metric]:
+        recorder = self._recorder
+        yield GaugeMetricFamily(
+            f"{PREFIX}_events_queued", "Kubernetes Events waiting to be posted.", recorder.queued
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_events_posted", "Kubernetes Events posted.", value=recorder.posted
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_events_dropped",
+            "Kubernetes Events dropped because the queue was full.",
+            value=recorder.dropped,
+        )
 
 
 class OperatorMetrics:
