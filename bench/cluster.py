@@ -185,13 +185,14 @@ class Bench:
         return {"reservations": count, "after_deadline_s": done - deadline, "sweep_period_s": sweep}
 
     @staticmethod
-    async def _admitted(operator: OperatorProcess) -> float:
-        """Admissions so far from /metrics; 0 while a busy operator is slow to answer."""
+    async def metric(operator: OperatorProcess, key: str, unanswered: float) -> float:
+        """One value from the operator's /metrics; ``unanswered`` while a busy operator
+        is too slow to answer the scrape."""
         try:
             metrics = await asyncio.to_thread(operator.metrics)
         except OSError:
-            return 0
-        return metrics.get('headroom_decisions_total{phase="Admitted"}', 0)
+            return unanswered
+        return metrics.get(key, 0)
 
     # -- B6 ------------------------------------------------------------------------------
 
@@ -215,7 +216,8 @@ class Bench:
         namespace = await self.namespace(client)
         start = time.monotonic()
         await self.create_many(client, namespace, reservations, 1, prefix="s")
-        while await self._admitted(operator) < reservations:  # noqa: ASYNC110 - another process
+        admitted = 'headroom_decisions_total{phase="Admitted"}'
+        while await self.metric(operator, admitted, 0) < reservations:  # noqa: ASYNC110
             await asyncio.sleep(1)
         filled = time.monotonic() - start
         rates = [await self.b1_throughput(client, burst) for _ in range(1 if self.quick else 2)]
@@ -369,8 +371,7 @@ async def bench_b1_to_b4(
     await bench.wait_decided(client, namespace, n3 + 1)
     decided = time.monotonic() - start
     # Idle means idle: the decisions' Events are posted off the hot path and may lag.
-    queued = "headroom_events_queued"
-    while (await asyncio.to_thread(operator.metrics)).get(queued, 0):  # noqa: ASYNC110
+    while await bench.metric(operator, "headroom_events_queued", 1):  # noqa: ASYNC110
         await asyncio.sleep(0.5)
     drained = time.monotonic() - start
     assert operator.popen is not None

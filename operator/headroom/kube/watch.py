@@ -31,10 +31,6 @@ log = logging.getLogger(__name__)
 GONE = 410
 
 
-class _ExpiredVersionError(Exception):
-    """The watch's resourceVersion is gone from the server's history."""
-
-
 async def follow(
     client: KubeClient,
     path: str,
@@ -53,13 +49,13 @@ async def follow(
                 log.info("relisted %s at resourceVersion %s", path, version)
             async for event in client.watch(path, resource_version=version):
                 version = _deliver(event, version, on_event)
-        except (_ExpiredVersionError, ApiError) as error:
-            if isinstance(error, ApiError) and error.status != GONE:
-                log.warning("watch of %s refused (%s); again in %.1fs", path, error, backoff)
-                await asyncio.sleep(backoff)
+        except ApiError as error:  # an answer, or an ERROR event inside the stream
+            if error.status == GONE:
+                log.info("watch of %s expired at resourceVersion %s; relisting", path, version)
+                version = None
                 continue
-            log.info("watch of %s expired at resourceVersion %s; relisting", path, version)
-            version = None
+            log.warning("watch of %s refused (%s); again in %.1fs", path, error, backoff)
+            await asyncio.sleep(backoff)
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             log.warning("watch of %s broke (%r); again in %.1fs", path, error, backoff)
             await asyncio.sleep(backoff)
@@ -68,9 +64,7 @@ async def follow(
 def _deliver(event: JSON, version: str, on_event: Callable[[str, JSON], None]) -> str:
     """Hand one event on; return the resourceVersion to resume from."""
     kind, obj = event.get("type"), event.get("object") or {}
-    if kind == "ERROR":
-        if obj.get("code") == GONE:
-            raise _ExpiredVersionError(obj.get("message", ""))
+    if kind == "ERROR":  # a Status object, e.g. 410 when the version was compacted away
         raise ApiError(int(obj.get("code") or 500), obj.get("reason", ""), obj.get("message", ""))
     resumed = (obj.get("metadata") or {}).get("resourceVersion") or version
     if kind in ("ADDED", "MODIFIED", "DELETED"):
