@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from kubernetes import client, watch
 
-from headroom.kube.quantity import memory_mib
+from headroom.api.parse import memory_mib
 from headroom_dev.reservations import list_all
 
 GROUP, VERSION, PLURAL = "headroom.dev", "v1alpha1", "reservations"

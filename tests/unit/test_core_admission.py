@@ -7,8 +7,8 @@ from fractions import Fraction
 
 import pytest
 
+from headroom.api.constants import MAX_MB
 from headroom.api.limits import Limits
-from headroom.api.models import MAX_RESERVATION_MB
 from headroom.api.reasons import Reason
 from headroom.ledger import Entry, Ledger, Owner, UnknownEntryError
 
@@ -251,7 +251,7 @@ def test_summaries_and_metrics() -> None:
 
 def test_unlimited_node_reports_the_largest_possible_reservation() -> None:
     book = ledger(1024, max_overcommit_ratio=Fraction(0))
-    assert book.allocatable_ram("n1") == MAX_RESERVATION_MB
+    assert book.allocatable_ram("n1") == MAX_MB
     assert book.node_summary("n1", T0).limit_ram_mb is None
 
 

@@ -6,7 +6,8 @@ from fractions import Fraction
 
 import pytest
 
-from headroom.api.limits import Limits, default_limits, parse_ratio
+from headroom.api.limits import Limits, default_limits
+from headroom.api.parse import parse_ratio
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ seconds as a number.
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from decimal import Decimal
 from fractions import Fraction
+from functools import partial
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -21,39 +21,27 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictInt,
     ValidationError,
     model_validator,
 )
 
-from headroom.api.limits import (
+from headroom.api.constants import (
     DEFAULT_MAX_ENTRIES_PER_NODE,
     DEFAULT_SYSTEM_RESERVE_MB,
     MAX_ENTRIES_PER_NODE,
     MAX_MB,
-    Limits,
-    parse_ratio,
 )
+from headroom.api.limits import Limits
+from headroom.api.parse import parse_duration, parse_ratio, shown
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-
-
-def parse_duration(value: object) -> timedelta:
-    """``"5m"``, ``"1h30m"``, ``"250ms"`` or a number of seconds -> timedelta (> 0)."""
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str) and value and _DURATION.sub("", value.strip()) == "":
-        seconds = sum(float(n) * _UNIT[u] for n, u in _DURATION.findall(value.strip()))
-    else:
-        raise ValueError(f"not a duration (use e.g. 90s, 5m, 1h): {value!r}")
-    if seconds <= 0:
-        raise ValueError(f"duration must be positive, got {value!r}")
-    return timedelta(seconds=seconds)
-
-
-Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+#: Short timers (sweeps, summaries, lease retries) may be fast, but not a busy loop.
+FastDuration = Annotated[
+    timedelta, BeforeValidator(partial(parse_duration, low=timedelta(milliseconds=10)))
+]
+#: Windows and periods that are meant in seconds or more.
+Duration = Annotated[timedelta, BeforeValidator(partial(parse_duration, low=timedelta(seconds=1)))]
 Ratio = Annotated[Fraction, BeforeValidator(parse_ratio)]
 
 
@@ -63,11 +51,11 @@ class LimitsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
     max_overcommit_ratio: Ratio = Field(Fraction(1), alias="maxOvercommitRatio")
-    system_reserve_mb: int = Field(
+    system_reserve_mb: StrictInt = Field(
         DEFAULT_SYSTEM_RESERVE_MB, alias="systemReserveMB", ge=0, le=MAX_MB
     )
     heartbeat_stale_window: Duration = Field(timedelta(minutes=5), alias="heartbeatStaleWindow")
-    max_entries_per_node: int = Field(
+    max_entries_per_node: StrictInt = Field(
         DEFAULT_MAX_ENTRIES_PER_NODE, alias="maxEntriesPerNode", ge=1, le=MAX_ENTRIES_PER_NODE
     )
 
@@ -85,14 +73,14 @@ class LeaderElectionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
-    enabled: bool = False
+    enabled: StrictBool = False
     lease_name: str = Field("headroom-operator", alias="leaseName", min_length=1, max_length=253)
     namespace: str | None = Field(
         None, description="Namespace of the Lease; default $POD_NAMESPACE, else 'default'."
     )
-    lease_duration: Duration = Field(timedelta(seconds=15), alias="leaseDuration")
-    renew_deadline: Duration = Field(timedelta(seconds=10), alias="renewDeadline")
-    retry_period: Duration = Field(timedelta(seconds=2), alias="retryPeriod")
+    lease_duration: FastDuration = Field(timedelta(seconds=15), alias="leaseDuration")
+    renew_deadline: FastDuration = Field(timedelta(seconds=10), alias="renewDeadline")
+    retry_period: FastDuration = Field(timedelta(seconds=2), alias="retryPeriod")
 
     @model_validator(mode="after")
     def _ordered(self) -> LeaderElectionConfig:
@@ -110,7 +98,7 @@ class DecisionKeyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
-    enabled: bool = False
+    enabled: StrictBool = False
     secret_name: str = Field("headroom-decision-key", alias="secretName", min_length=1)
     namespace: str | None = Field(
         None, description="Namespace of the Secret; default $POD_NAMESPACE, else 'default'."
@@ -128,7 +116,7 @@ class OperatorConfig(BaseModel):
         alias="ramSource",
         description="Which Node figure is a node's total RAM.",
     )
-    sweep_period: Duration = Field(
+    sweep_period: FastDuration = Field(
         timedelta(seconds=10),
         alias="sweepPeriod",
         description="Longest sleep of the reclaim sweeper between checks.",
@@ -138,7 +126,7 @@ class OperatorConfig(BaseModel):
         alias="reclaimedRetention",
         description="How long a Reclaimed reservation stays before it is deleted.",
     )
-    summary_interval: Duration = Field(
+    summary_interval: FastDuration = Field(
         timedelta(seconds=1),
         alias="summaryInterval",
         description="Shortest time between two writes of one NodeHeadroom.",
@@ -162,7 +150,7 @@ class OperatorConfig(BaseModel):
     leader_election: LeaderElectionConfig = Field(
         default_factory=LeaderElectionConfig, alias="leaderElection"
     )
-    metrics_port: int = Field(8080, alias="metricsPort", ge=0, le=65535)
+    metrics_port: StrictInt = Field(8080, alias="metricsPort", ge=0, le=65535)
     metrics_host: str = Field("0.0.0.0", alias="metricsHost")  # a pod listens on all interfaces
 
 
@@ -182,7 +170,7 @@ def parse_config(text: str, source: str = "config") -> OperatorConfig:
         return OperatorConfig.model_validate(raw)
     except ValidationError as error:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {shown(e.get('input'))})"
             for e in error.errors()
         )
         raise ConfigError(f"{source}: {problems}") from None

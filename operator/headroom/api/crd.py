@@ -14,9 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from headroom.api.constants import GROUP, VERSION
 from headroom.api.models import (
-    GROUP,
-    VERSION,
     NodeHeadroomStatus,
     ReservationSpec,
     ReservationStatus,

@@ -11,38 +11,12 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from fractions import Fraction
 
-DEFAULT_MAX_OVERCOMMIT_RATIO = Fraction(1)
-DEFAULT_SYSTEM_RESERVE_MB = 1024
-DEFAULT_HEARTBEAT_STALE_WINDOW = timedelta(minutes=5)
-DEFAULT_MAX_ENTRIES_PER_NODE = 110  # the kubelet's default max pods per node
-
-#: Upper bounds shared by the config model, the node annotations and the CRD schema.
-MAX_RATIO = Fraction(100)
-MAX_MB = 1 << 40  # 1 EiB in MiB: far above any node, far below int64 overflow
-MAX_ENTRIES_PER_NODE = 100_000
-
-
-def parse_ratio(value: object) -> Fraction:
-    """Parse an overcommit ratio exactly from a YAML/annotation value.
-
-    Floats are read through their shortest ``repr`` (``1.1`` -> 11/10), strings
-    as decimals or fractions (``"1.5"``, ``"3/2"``). Raises ``ValueError`` naming
-    the value when it is not a number in ``[0, MAX_RATIO]``.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"overcommit ratio must be a number, got {value!r}")
-    try:
-        if isinstance(value, Fraction | int):
-            ratio = Fraction(value)
-        elif isinstance(value, float | str):
-            ratio = Fraction(repr(value) if isinstance(value, float) else value.strip())
-        else:
-            raise TypeError
-    except (ValueError, TypeError, ZeroDivisionError):
-        raise ValueError(f"overcommit ratio must be a number, got {value!r}") from None
-    if not 0 <= ratio <= MAX_RATIO:
-        raise ValueError(f"overcommit ratio must be between 0 and {MAX_RATIO}, got {value!r}")
-    return ratio
+from headroom.api.constants import (
+    DEFAULT_HEARTBEAT_STALE_WINDOW,
+    DEFAULT_MAX_ENTRIES_PER_NODE,
+    DEFAULT_MAX_OVERCOMMIT_RATIO,
+    DEFAULT_SYSTEM_RESERVE_MB,
+)
 
 
 @dataclass(frozen=True, slots=True)

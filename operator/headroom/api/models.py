@@ -13,25 +13,48 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from headroom.api.constants import (
+    HEARTBEAT_ANNOTATION,
+    MAX_MB,
+    MAX_NODE_SUM_MB,
+    MAX_PID,
+    MAX_TIME,
+    MIN_TIME,
+    OWNER_LABEL,
+)
+from headroom.api.parse import format_time, parse_time
 from headroom.api.reasons import Phase, Reason
 
-GROUP = "headroom.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-
-#: 1 PiB in MiB: larger than any machine, small enough to never overflow int64 sums.
-MAX_RESERVATION_MB = 1 << 30
-#: Linux's PID_MAX_LIMIT.
-MAX_PID = 4_194_304
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
-#: Annotation that carries an owner's heartbeat (RFC 3339), on a Reservation or its pod.
-HEARTBEAT_ANNOTATION = f"{GROUP}/heartbeat"
-
-MB = Annotated[int, Field(ge=0, le=MAX_RESERVATION_MB)]
+MB = Annotated[int, Field(ge=0, le=MAX_MB)]
+#: A sum over one node's reservations.
+SumMB = Annotated[int, Field(ge=0, le=MAX_NODE_SUM_MB)]
+#: A time a tenant writes: RFC 3339, within [MIN_TIME, MAX_TIME) — checked by the
+#: API server (CEL) at apply time and by the same bound in the operator's parser.
+TenantTime = Annotated[
+    datetime,
+    BeforeValidator(parse_time),
+    Field(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": (
+                        f"self >= timestamp('{format_time(MIN_TIME)}') && "
+                        f"self < timestamp('{format_time(MAX_TIME)}')"
+                    ),
+                    "message": (
+                        f"must be at or after {format_time(MIN_TIME)} "
+                        f"and before {format_time(MAX_TIME)}"
+                    ),
+                }
+            ]
+        }
+    ),
+]
 NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 
 
@@ -62,7 +85,7 @@ class Owner(_Model):
             "A pod in the reservation's namespace that owns it. Its "
             f"`{HEARTBEAT_ANNOTATION}` annotation refreshes the heartbeat, and "
             "deleting the pod releases the reservation. The pod must carry the label "
-            "`headroom.dev/owner=true` for the operator to watch it."
+            f"`{OWNER_LABEL}=true` for the operator to watch it."
         ),
     )
 
@@ -100,7 +123,7 @@ class ReservationSpec(_Model):
         ),
     )
     owner: Owner | None = Field(None, description="Who holds the reservation.")
-    expires_at: datetime | None = Field(
+    expires_at: TenantTime | None = Field(
         None,
         alias="expiresAt",
         description="Hard expiry (RFC 3339). The reservation is reclaimed after it.",
@@ -181,16 +204,16 @@ class NodeHeadroomStatus(_Model):
         max_length=32,
         description="Overcommit ratio in force, exact decimal; 0 means unlimited.",
     )
-    limit_ram_mb: MB | None = Field(
+    limit_ram_mb: SumMB | None = Field(
         None,
         alias="limitRAMMB",
         description="total × ratio − reserve: the most that can be reserved; absent if unlimited.",
     )
-    reserved_ram_mb: MB = Field(alias="reservedRAMMB", description="RAM admitted, MiB.")
-    allocatable_ram_mb: MB = Field(
+    reserved_ram_mb: SumMB = Field(alias="reservedRAMMB", description="RAM admitted, MiB.")
+    allocatable_ram_mb: SumMB = Field(
         alias="allocatableRAMMB", description="RAM that can still be reserved, MiB."
     )
-    reserved_vram_mb: MB = Field(alias="reservedVRAMMB", description="VRAM admitted, MiB.")
+    reserved_vram_mb: SumMB = Field(alias="reservedVRAMMB", description="VRAM admitted, MiB.")
     vram_capacity_mb: MB | None = Field(
         None,
         alias="vramCapacityMB",

@@ -10,8 +10,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
-from headroom.api.config import parse_duration
-from headroom.api.models import API_VERSION
+from headroom.api.constants import API_VERSION
+from headroom.api.parse import parse_duration
 from headroom.cli.output import render, table
 from headroom.kube import readers
 

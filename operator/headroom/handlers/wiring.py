@@ -19,11 +19,10 @@ from typing import Any, cast
 
 import kopf
 
-from headroom.api.models import GROUP
+from headroom.api.constants import OWNER_LABEL
 from headroom.kube.client import JSON, Credentials
 from headroom.kube.controller import Controller
 
-OWNER_LABEL = f"{GROUP}/owner"
 OWNER_SELECTOR = f"{OWNER_LABEL}=true"
 
 

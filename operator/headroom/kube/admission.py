@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from headroom.api.models import HEARTBEAT_ANNOTATION
+from headroom.api.constants import HEARTBEAT_ANNOTATION
 from headroom.api.reasons import Phase, Reason
 from headroom.kube.client import JSON, ApiError, KubeClient
 from headroom.kube.events import EventRecorder
@@ -104,7 +104,11 @@ class Admission:
                     self._slots.release()
                     continue
                 del self._queue[pending.uid]
-                self._decide(pending)
+                try:
+                    self._decide(pending)
+                except Exception as error:  # one reservation must not stop the others
+                    log.exception("deciding %s/%s failed", pending.namespace, pending.name)
+                    self._refuse(pending, error)
 
     def _decide(self, pending: Pending) -> None:
         """Decide one reservation and start its status write. No await in here."""
@@ -146,6 +150,20 @@ class Admission:
             decision_id,
             entry.last_heartbeat,
         )
+
+    def _refuse(self, pending: Pending, error: Exception) -> None:
+        """A decision that raised: Rejected InvalidSpec with the error, nothing held."""
+        now = datetime.now(UTC)
+        entry_id, state = f"{pending.namespace}/{pending.name}", self._state
+        tracked = state.tracked.get(entry_id)
+        if tracked is not None and tracked.uid == pending.uid:
+            state.release(entry_id, pending.uid)
+        elif tracked is None and state.ledger.get(entry_id) is not None:
+            state.ledger.release(entry_id)  # reserved, then failed before it was tracked
+        state.rejected.add(pending.uid)
+        message = f"the operator could not decide this reservation: {error}"[:1024]
+        decision_id = f"{self.run_id}-{next(self._decisions)}"
+        self._start_write(pending, False, Reason.INVALID_SPEC, message, now, decision_id, None)
 
     def _start_write(
         self,

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from headroom.api.config import OperatorConfig
-from headroom.api.models import API_VERSION
+from headroom.api.constants import API_VERSION
 from headroom.api.reasons import Phase, Reason
 from headroom.kube.admission import Admission
 from headroom.kube.client import JSON, KubeClient, resource_path
@@ -34,7 +34,7 @@ from headroom.kube.metrics import EventsCollector, OperatorMetrics
 from headroom.kube.objects import (
     heartbeat_of,
     node_capacity,
-    parse_time,
+    optional_time,
     reservation_entry,
     reservation_id,
 )
@@ -111,31 +111,15 @@ class Controller:
         nodes, _ = await self.client.list_all(NODES)
         reservations, version = await self.client.list_all(RESERVATIONS)
         for node in nodes:
-            self.on_node(None, node)
+            self.on_node(None, node)  # total: a bad Node value is an Event, never a raise
         now = datetime.now(UTC)
         admitted: list[tuple[Entry, JSON]] = []
         undecided: list[JSON] = []
         for obj in reservations:
-            phase = (obj.get("status") or {}).get("phase")
-            uid = obj["metadata"]["uid"]
-            if phase in (Phase.ADMITTED, Phase.REJECTED) and not self.state.stamper.trusted(obj):
-                self._distrust(obj)
-                undecided.append(obj)
-            elif phase == Phase.ADMITTED:
-                try:
-                    admitted.append((reservation_entry(obj, now), obj))
-                except ValueError as error:  # cannot happen for objects we admitted
-                    log.error("admitted reservation %s unreadable: %s", uid, error)
-            elif phase == Phase.REJECTED:
-                self.state.rejected.add(uid)
-            elif phase == Phase.RECLAIMED:
-                at = (obj.get("status") or {}).get("reclaimedAt")
-                meta = obj["metadata"]
-                self.upkeep.schedule_deletion(
-                    meta["namespace"], meta["name"], uid, parse_time(at) if at else now
-                )
-            else:
-                undecided.append(obj)
+            try:
+                self._sort_listed(obj, now, admitted, undecided)
+            except Exception:  # one object must not stop the rebuild for all the others
+                log.exception("reservation %s unreadable at rebuild", _name_of(obj))
         result = self.state.ledger.restore([entry for entry, _ in admitted])
         for entry, obj in admitted:
             meta = obj["metadata"]
@@ -171,6 +155,30 @@ class Controller:
             len(result.over_committed),
         )
         return version
+
+    def _sort_listed(
+        self, obj: JSON, now: datetime, admitted: list[tuple[Entry, JSON]], undecided: list[JSON]
+    ) -> None:
+        """Put one listed Reservation where the rebuild needs it."""
+        status = obj.get("status") or {}
+        phase = status.get("phase")
+        uid = obj["metadata"]["uid"]
+        if phase in (Phase.ADMITTED, Phase.REJECTED) and not self.state.stamper.trusted(obj):
+            self._distrust(obj)
+            undecided.append(obj)
+        elif phase == Phase.ADMITTED:
+            try:
+                admitted.append((reservation_entry(obj, now), obj))
+            except ValueError as error:  # cannot happen for objects we admitted
+                log.error("admitted reservation %s unreadable: %s", uid, error)
+        elif phase == Phase.REJECTED:
+            self.state.rejected.add(uid)
+        elif phase == Phase.RECLAIMED:
+            meta = obj["metadata"]
+            reclaimed_at = optional_time(status.get("reclaimedAt")) or now
+            self.upkeep.schedule_deletion(meta["namespace"], meta["name"], uid, reclaimed_at)
+        else:
+            undecided.append(obj)
 
     async def _resync_forever(self) -> None:
         while True:
@@ -353,3 +361,8 @@ class Controller:
         if at is not None:
             for entry_id in list(owned):
                 self.heartbeat(entry_id, at)
+
+
+def _name_of(obj: JSON) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"

@@ -10,23 +10,35 @@ value, for an Event, and the rest of the object is still used.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from headroom.api.limits import MAX_ENTRIES_PER_NODE, Limits, parse_ratio
-from headroom.api.models import GROUP, HEARTBEAT_ANNOTATION, MAX_RESERVATION_MB, ReservationSpec
-from headroom.kube.quantity import memory_mib
+from headroom.api.constants import (
+    ENTRIES_ANNOTATION,
+    GPU_COUNT_LABEL,
+    GPU_MEMORY_LABEL,
+    HEARTBEAT_ANNOTATION,
+    MAX_ENTRIES_PER_NODE,
+    MAX_GPUS,
+    MAX_MB,
+    RATIO_ANNOTATION,
+    RESERVE_ANNOTATION,
+)
+from headroom.api.limits import Limits
+from headroom.api.models import ReservationSpec
+from headroom.api.parse import (
+    InvalidValueError,
+    memory_mib,
+    parse_int,
+    parse_ratio,
+    parse_time,
+    shown,
+)
 from headroom.ledger import Entry, Owner
 
 JSON = dict[str, Any]
-
-GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per GPU, from GPU Feature Discovery
-GPU_COUNT_LABEL = "nvidia.com/gpu.count"
-RATIO_ANNOTATION = f"{GROUP}/max-overcommit-ratio"
-RESERVE_ANNOTATION = f"{GROUP}/system-reserve-mb"
-ENTRIES_ANNOTATION = f"{GROUP}/max-entries"
 
 
 @dataclass(frozen=True)
@@ -38,13 +50,6 @@ class NodeCapacity:
     vram_mb: int | None
     limits: Limits
     problems: list[str] = field(default_factory=list)
-
-
-def _int_in(value: str, low: int, high: int) -> int:
-    number = int(value.strip())
-    if not low <= number <= high:
-        raise ValueError(f"must be between {low} and {high}")
-    return number
 
 
 def node_capacity(
@@ -62,63 +67,59 @@ def node_capacity(
     raw_memory = (status.get(ram_source) or {}).get("memory")
     if raw_memory is not None:
         try:
-            total = min(memory_mib(raw_memory), MAX_RESERVATION_MB)
-        except ValueError as error:
-            problems.append(f"status.{ram_source}.memory: {error}; capacity treated as unknown")
+            total = memory_mib(raw_memory, f"status.{ram_source}.memory")
+        except InvalidValueError as error:
+            problems.append(f"{error}; capacity treated as unknown")
 
     vram: int | None = None
     if GPU_MEMORY_LABEL in labels:
         try:
-            per_gpu = _int_in(labels[GPU_MEMORY_LABEL], 0, MAX_RESERVATION_MB)
-            count = _int_in(labels.get(GPU_COUNT_LABEL, "1"), 0, 1024)
-            vram = min(per_gpu * count, MAX_RESERVATION_MB)
-        except ValueError as error:
-            problems.append(
-                f"labels {GPU_MEMORY_LABEL}={labels.get(GPU_MEMORY_LABEL)!r}, "
-                f"{GPU_COUNT_LABEL}={labels.get(GPU_COUNT_LABEL)!r}: {error}; VRAM not enforced"
+            per_gpu = parse_int(labels[GPU_MEMORY_LABEL], f"label {GPU_MEMORY_LABEL}", 0, MAX_MB)
+            count = parse_int(
+                labels.get(GPU_COUNT_LABEL, "1"), f"label {GPU_COUNT_LABEL}", 0, MAX_GPUS
             )
+            if per_gpu * count > MAX_MB:
+                raise InvalidValueError(
+                    f"labels {GPU_MEMORY_LABEL} × {GPU_COUNT_LABEL}: {per_gpu} × {count} MiB "
+                    f"is above {MAX_MB} MiB"
+                )
+            vram = per_gpu * count
+        except InvalidValueError as error:
+            problems.append(f"{error}; VRAM not enforced")
 
     ratio = reserve = entries = None
-    if RATIO_ANNOTATION in annotations:
-        try:
-            ratio = parse_ratio(annotations[RATIO_ANNOTATION])
-        except ValueError as error:
-            problems.append(f"annotation {RATIO_ANNOTATION}: {error}; default used")
-    for key, low, high in (
-        (RESERVE_ANNOTATION, 0, MAX_RESERVATION_MB),
-        (ENTRIES_ANNOTATION, 1, MAX_ENTRIES_PER_NODE),
-    ):
-        if key in annotations:
-            try:
-                number = _int_in(annotations[key], low, high)
-            except ValueError as error:
-                problems.append(f"annotation {key}={annotations[key]!r}: {error}; default used")
-                continue
-            if key == RESERVE_ANNOTATION:
-                reserve = number
-            else:
-                entries = number
+    try:
+        if RATIO_ANNOTATION in annotations:
+            ratio = parse_ratio(annotations[RATIO_ANNOTATION], f"annotation {RATIO_ANNOTATION}")
+    except InvalidValueError as error:
+        problems.append(f"{error}; default used")
+    try:
+        if RESERVE_ANNOTATION in annotations:
+            reserve = parse_int(
+                annotations[RESERVE_ANNOTATION], f"annotation {RESERVE_ANNOTATION}", 0, MAX_MB
+            )
+    except InvalidValueError as error:
+        problems.append(f"{error}; default used")
+    try:
+        if ENTRIES_ANNOTATION in annotations:
+            entries = parse_int(
+                annotations[ENTRIES_ANNOTATION],
+                f"annotation {ENTRIES_ANNOTATION}",
+                1,
+                MAX_ENTRIES_PER_NODE,
+            )
+    except InvalidValueError as error:
+        problems.append(f"{error}; default used")
     limits = defaults.with_overrides(
         max_overcommit_ratio=ratio, system_reserve_mb=reserve, max_entries_per_node=entries
     )
     return NodeCapacity(name, total, vram, limits, problems)
 
 
-def parse_time(value: str) -> datetime:
-    """RFC 3339 -> aware UTC datetime. Raises ValueError naming the value."""
-    try:
-        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except (ValueError, AttributeError):
-        raise ValueError(f"not an RFC 3339 time: {value!r}") from None
-    if parsed.tzinfo is None:
-        raise ValueError(f"RFC 3339 time needs a zone (e.g. Z): {value!r}")
-    return parsed.astimezone(UTC)
-
-
 def heartbeat_of(obj: JSON) -> datetime | None:
-    """The heartbeat annotation of a Reservation or Pod; ValueError if malformed."""
+    """The heartbeat annotation of a Reservation or Pod; InvalidValueError if malformed."""
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(HEARTBEAT_ANNOTATION)
-    return None if raw is None else parse_time(raw)
+    return None if raw is None else parse_time(raw, f"annotation {HEARTBEAT_ANNOTATION}")
 
 
 def reservation_id(namespace: str, name: str) -> str:
@@ -126,26 +127,36 @@ def reservation_id(namespace: str, name: str) -> str:
 
 
 def reservation_entry(obj: JSON, now: datetime) -> Entry:
-    """The ledger entry for a Reservation; ValueError naming the field if the spec is bad."""
+    """The ledger entry for a Reservation; InvalidValueError naming the field if the spec is bad.
+
+    Total: whatever the object holds, this returns an Entry or raises InvalidValueError.
+    Optional times that do not parse (a status or annotation someone else wrote)
+    are left out rather than failing the whole reservation.
+    """
     metadata = obj.get("metadata") or {}
+    spec_body = obj.get("spec")
+    if not isinstance(spec_body, dict):
+        raise InvalidValueError(f"spec: expected an object, got {shown(spec_body)}")
     try:
-        spec = ReservationSpec.model_validate(obj.get("spec") or {})
+        spec = ReservationSpec.model_validate(spec_body)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"spec.{where}: {first['msg']} (got {first.get('input')!r})") from None
-    created = metadata.get("creationTimestamp")
-    created_at = parse_time(created) if created else now
+        message = str(first["msg"]).removeprefix("Value error, ")
+        got = shown(first.get("input"))
+        raise InvalidValueError(f"spec.{where}: {message} (got {got})") from None
+    created_at = optional_time(metadata.get("creationTimestamp")) or now
     status = obj.get("status") or {}
     beats = [created_at]
-    if status.get("lastHeartbeat"):
-        beats.append(parse_time(status["lastHeartbeat"]))
+    if (recorded := optional_time(status.get("lastHeartbeat"))) is not None:
+        beats.append(recorded)
     try:
         annotated = heartbeat_of(obj)
-    except ValueError:
+    except InvalidValueError:
         annotated = None
     if annotated is not None:
-        beats.append(min(annotated, now))  # a heartbeat from the future counts as now
+        beats.append(annotated)
+    beats = [min(beat, now) for beat in beats]  # a time from the future counts as now
     owner = spec.owner
     return Entry(
         id=reservation_id(metadata.get("namespace", ""), metadata.get("name", "")),
@@ -154,7 +165,7 @@ def reservation_entry(obj: JSON, now: datetime) -> Entry:
         vram_mb=spec.vram_mb,
         created_at=created_at,
         last_heartbeat=max(beats),
-        expires_at=spec.expires_at.astimezone(UTC) if spec.expires_at else None,
+        expires_at=spec.expires_at,
         owner=Owner(
             exec_id=owner.exec_id if owner else None,
             surface=owner.surface if owner else None,
@@ -164,3 +175,13 @@ def reservation_entry(obj: JSON, now: datetime) -> Entry:
         ),
         description=spec.description or "",
     )
+
+
+def optional_time(value: object) -> datetime | None:
+    """A time from the API server or a status, or None when absent or unreadable."""
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except InvalidValueError:
+        return None

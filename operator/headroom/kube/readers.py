@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from kubernetes import client, config
 
-from headroom.api.models import GROUP, HEARTBEAT_ANNOTATION, VERSION
+from headroom.api.constants import GROUP, HEARTBEAT_ANNOTATION, VERSION
 
 JSON = dict[str, Any]
 

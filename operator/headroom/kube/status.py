@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from headroom.api.models import API_VERSION
+from headroom.api.constants import API_VERSION
 from headroom.api.reasons import Phase, Reason
 from headroom.kube.client import JSON, KubeClient, resource_path
 from headroom.kube.events import ObjectRef

@@ -27,10 +27,10 @@ from typing import Any
 import aiohttp
 
 from headroom.api.config import OperatorConfig
-from headroom.api.models import API_VERSION
+from headroom.api.constants import API_VERSION
 from headroom.api.reasons import Reason
 from headroom.kube.client import JSON, ApiError, KubeClient, resource_path, retrying
-from headroom.kube.events import EventRecorder
+from headroom.kube.events import EventRecorder, ObjectRef
 from headroom.kube.headroom import headroom_status
 from headroom.kube.metrics import OperatorMetrics
 from headroom.kube.state import State, Tracked
@@ -62,6 +62,7 @@ class Upkeep:
         self._planned: datetime | None = None
         self._deletions: list[tuple[datetime, str, str, str]] = []  # (when, ns, name, uid)
         self._written: dict[str, JSON] = {}
+        self._unbuildable: dict[str, str] = {}  # node -> why its summary could not be built
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_writes: set[asyncio.Task[None]] = set()
         state.on_admitted = self._on_admitted
@@ -180,14 +181,24 @@ class Upkeep:
                 log.exception("summary flush failed; retrying next interval")
 
     async def flush(self) -> None:
-        """Write every dirty node's NodeHeadroom whose figures changed."""
+        """Write every dirty node's NodeHeadroom whose figures changed.
+
+        Each node's summary is built on its own: one that cannot be built (a figure
+        past its bound) is skipped with a Warning Event on its Node, and the others
+        are still written.
+        """
         state, now = self._state, datetime.now(UTC)
         dirty, state.dirty_nodes = state.dirty_nodes, set()
         writes = []
         for node in dirty:
             if node not in state.node_uids:
                 continue  # no Node object (yet): nothing to own the summary
-            status = headroom_status(state.ledger, node, now)
+            try:
+                status = headroom_status(state.ledger, node, now)
+            except Exception as error:
+                self._summary_failed(node, error)
+                continue
+            self._unbuildable.pop(node, None)
             if self._written.get(node) == status:
                 continue
             writes.append(self._write_summary(node, status, now))
@@ -195,6 +206,18 @@ class Upkeep:
         for result in results:
             if isinstance(result, BaseException):
                 log.warning("NodeHeadroom write failed: %s", result)
+
+    def _summary_failed(self, node: str, error: Exception) -> None:
+        message = f"NodeHeadroom {node} not updated: {error}"[:1024]
+        if self._unbuildable.get(node) != message:  # one Event per distinct problem
+            self._unbuildable[node] = message
+            log.warning("%s", message)
+            self._events.record(
+                ObjectRef("v1", "Node", node, self._state.node_uids.get(node, "")),
+                "SummaryNotWritten",
+                message,
+                "Warning",
+            )
 
     async def _write_summary(self, node: str, status: JSON, now: datetime) -> None:
         path = resource_path(GROUP, VERSION, "nodeheadrooms", None, node)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
 
-from headroom.api.models import MAX_RESERVATION_MB
+from headroom.api.constants import MAX_MB
 from headroom.api.reasons import Reason
 from headroom.ledger.node import NodeState
 
@@ -63,7 +63,7 @@ def allocatable(state: NodeState) -> int:
         return 0
     limit = state.limit_ram_mb()
     if limit is None:
-        return MAX_RESERVATION_MB
+        return MAX_MB
     return max(limit - state.reserved_ram_mb, 0)
 
 

@@ -1,0 +1,64 @@
+"""Names, bounds and defaults: each figure's one definition.
+
+Every bound here is used by the CRD schema (so ``kubectl apply`` refuses what
+is out of range), by the config model, by the parsers of Node annotations and
+labels, and by the NodeHeadroom summary. Keeping them in one place is what
+makes "one bound per figure" true: no value can pass one check and overflow
+another.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
+
+# -- API identity -------------------------------------------------------------------------
+
+GROUP = "headroom.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: Annotation that carries an owner's heartbeat (RFC 3339), on a Reservation or its pod.
+HEARTBEAT_ANNOTATION = f"{GROUP}/heartbeat"
+#: Label that makes a pod an owner the operator watches.
+OWNER_LABEL = f"{GROUP}/owner"
+#: Per-node overrides of the limits, as Node annotations.
+RATIO_ANNOTATION = f"{GROUP}/max-overcommit-ratio"
+RESERVE_ANNOTATION = f"{GROUP}/system-reserve-mb"
+ENTRIES_ANNOTATION = f"{GROUP}/max-entries"
+#: GPU Feature Discovery labels: MiB per GPU, and the number of GPUs.
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+
+# -- bounds ---------------------------------------------------------------------------------
+
+#: 1 PiB in MiB: one reservation, one node's RAM or VRAM, a system reserve. Larger
+#: than any machine; small enough that sums of these never approach int64.
+MAX_MB = 1 << 30
+#: Active reservations on one node (the cap itself is configurable up to this).
+MAX_ENTRIES_PER_NODE = 100_000
+#: Overcommit ratio: 0 (unlimited) to 100, with at most this many decimal places.
+MAX_RATIO = Fraction(100)
+MAX_RATIO_DECIMALS = 9
+#: A sum over one node's reservations (reserved RAM and VRAM, the limit
+#: ``total × ratio``) can never exceed this, whatever the entries are.
+MAX_NODE_SUM_MB = MAX_MB * MAX_ENTRIES_PER_NODE
+#: GPUs on one node.
+MAX_GPUS = 1024
+#: Times a tenant can write (expiresAt, heartbeats). The upper bound leaves room to
+#: add any duration below without leaving what a datetime can hold.
+MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_TIME = datetime(9000, 1, 1, tzinfo=UTC)
+#: Any configured duration.
+MAX_DURATION = timedelta(days=366)
+#: The longest number, time or duration text any parser reads.
+MAX_VALUE_LENGTH = 64
+#: Linux's PID_MAX_LIMIT.
+MAX_PID = 4_194_304
+
+# -- defaults -------------------------------------------------------------------------------
+
+DEFAULT_MAX_OVERCOMMIT_RATIO = Fraction(1)
+DEFAULT_SYSTEM_RESERVE_MB = 1024
+DEFAULT_HEARTBEAT_STALE_WINDOW = timedelta(minutes=5)
+DEFAULT_MAX_ENTRIES_PER_NODE = 110  # the kubelet's default max pods per node
