@@ -28,6 +28,7 @@ def venv(path: Path) -> Path:
 def run(binary_dir: Path, *argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{binary_dir}:{os.environ['PATH']}"}
     env.pop("VIRTUAL_ENV", None)
+    env.pop("PYTHONPATH", None)  # an image has no source tree on its path
     return subprocess.run(
         list(argv), capture_output=True, text=True, env=env, cwd=cwd, timeout=600, check=False
     )

@@ -7,7 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from headroom.api.config import ConfigError, parse_config, parse_duration
+from headroom.api.config import ConfigError, parse_config
+from headroom.api.parse import parse_duration
 
 
 def test_empty_file_means_documented_defaults() -> None:
@@ -38,6 +39,14 @@ def test_values_are_read_exactly() -> None:
             "leaderElection: {enabled: true, leaseDuration: 5s, renewDeadline: 10s}",
             "leaderElection",
         ),
+        # issue 14: values that once passed and then overflowed or spun
+        ("limits: {systemReserveMB: 2000000000}", "limits.systemReserveMB"),
+        ("limits: {maxOvercommitRatio: '1e20000000'}", "limits.maxOvercommitRatio"),
+        ("limits: {heartbeatStaleWindow: 99999999999h}", "limits.heartbeatStaleWindow"),
+        ("summaryInterval: 0.0001ms", "summaryInterval"),
+        ("metricsPort: '8080'", "metricsPort"),
+        ("limits: {maxEntriesPerNode: 1e3}", "limits.maxEntriesPerNode"),
+        ("decisionKey: {enabled: 'yes'}", "decisionKey.enabled"),
         ("[1, 2]", "mapping"),
         ("limits: [", "YAML"),
     ],

@@ -7,8 +7,10 @@ are the ones that once stopped every decision in the cluster (issue 14).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
+from typing import TypeVar
 
 import pytest
 from hypothesis import given
@@ -24,9 +26,11 @@ from headroom.api.parse import (
     parse_time,
 )
 
+T = TypeVar("T")
 ANYTHING = st.one_of(
     st.text(max_size=200),
     st.text(alphabet="0123456789eE+-.:/TZz ,KMGTPEimnuk", max_size=80),
+    st.from_regex(r"\A[+-]?[0-9]{0,3}(\.[0-9]{0,12})?[eE][+-]?[0-9]{1,30}(Ki|Mi|Gi|k|M|G)?\Z"),
     st.integers(),
     st.floats(allow_nan=True, allow_infinity=True),
     st.none(),
@@ -37,12 +41,19 @@ ANYTHING = st.one_of(
 )
 
 
+def outcome(parse: Callable[[object, str], T], value: object, field: str) -> T | str:
+    """The parsed value, or the error's message (any other exception fails the test)."""
+    try:
+        return parse(value, field)
+    except InvalidValueError as error:
+        return str(error)
+
+
 @given(ANYTHING)
 def test_parse_time_is_total_and_bounded(value: object) -> None:
-    try:
-        moment = parse_time(value, "spec.expiresAt")
-    except InvalidValueError as error:
-        assert str(error).startswith("spec.expiresAt: ")
+    moment = outcome(parse_time, value, "spec.expiresAt")
+    if isinstance(moment, str):
+        assert moment.startswith("spec.expiresAt: ")
     else:
         assert moment.tzinfo is UTC
         assert MIN_TIME <= moment < MAX_TIME
@@ -50,40 +61,36 @@ def test_parse_time_is_total_and_bounded(value: object) -> None:
 
 @given(ANYTHING)
 def test_parse_ratio_is_total_and_bounded(value: object) -> None:
-    try:
-        ratio = parse_ratio(value, "annotation r")
-    except InvalidValueError as error:
-        assert str(error).startswith("annotation r: ")
+    ratio = outcome(parse_ratio, value, "annotation r")
+    if isinstance(ratio, str):
+        assert ratio.startswith("annotation r: ")
     else:
         assert 0 <= ratio <= MAX_RATIO
 
 
 @given(ANYTHING)
 def test_memory_mib_is_total_and_bounded(value: object) -> None:
-    try:
-        mib = memory_mib(value, "status.allocatable.memory")
-    except InvalidValueError as error:
-        assert str(error).startswith("status.allocatable.memory: ")
+    mib = outcome(memory_mib, value, "status.allocatable.memory")
+    if isinstance(mib, str):
+        assert mib.startswith("status.allocatable.memory: ")
     else:
         assert 0 <= mib <= MAX_MB
 
 
 @given(ANYTHING)
 def test_parse_duration_is_total_and_bounded(value: object) -> None:
-    try:
-        duration = parse_duration(value, "sweepPeriod")
-    except InvalidValueError as error:
-        assert str(error).startswith("sweepPeriod: ")
+    duration = outcome(parse_duration, value, "sweepPeriod")
+    if isinstance(duration, str):
+        assert duration.startswith("sweepPeriod: ")
     else:
         assert timedelta(milliseconds=1) <= duration <= timedelta(days=366)
 
 
 @given(ANYTHING)
 def test_parse_int_is_total_and_bounded(value: object) -> None:
-    try:
-        number = parse_int(value, "annotation n", 1, 100_000)
-    except InvalidValueError as error:
-        assert str(error).startswith("annotation n: ")
+    number = outcome(lambda v, f: parse_int(v, f, 1, 100_000), value, "annotation n")
+    if isinstance(number, str):
+        assert number.startswith("annotation n: ")
     else:
         assert 1 <= number <= 100_000
 
@@ -101,7 +108,7 @@ def test_parse_int_is_total_and_bounded(value: object) -> None:
     ],
 )
 def test_times_out_of_range_or_malformed_are_refused_naming_the_value(value: str) -> None:
-    with pytest.raises(InvalidValueError, match="spec.expiresAt") as error:
+    with pytest.raises(InvalidValueError, match=r"spec\.expiresAt") as error:
         parse_time(value, "spec.expiresAt")
     assert value[:20] in str(error.value) or "characters long" in str(error.value)
 
@@ -121,7 +128,15 @@ def test_times_the_api_server_accepts_are_read(value: str, expected: datetime) -
 
 
 @pytest.mark.parametrize(
-    "value", ["1e20000000", "1e999999999999999999", "1e-20000000", "1.0000000001", "1e3"]
+    "value",
+    [
+        "1e20000000",
+        "1e999999999999999999",
+        "1e999999999999999999999",  # Decimal() itself refuses this exponent
+        "1e-20000000",
+        "1.0000000001",
+        "1e3",
+    ],
 )
 def test_ratio_exponents_are_refused_before_they_are_expanded(value: str) -> None:
     with pytest.raises(InvalidValueError, match="overcommit ratio"):
@@ -144,6 +159,7 @@ def test_ratio_exponents_in_range_are_exact(value: str, expected: Fraction) -> N
         ("1023Ki", 0),
         ("0", 0),
         ("1e-99999999999", 0),
+        ("1e-999999999999999999999", 0),
         (f"{MAX_MB}Mi", MAX_MB),
         (17179869184, 16384),
     ],
@@ -152,9 +168,11 @@ def test_memory_quantities(value: object, expected: int) -> None:
     assert memory_mib(value) == expected
 
 
-@pytest.mark.parametrize("value", ["1e40", "999Ei", "1e999999999999", f"{MAX_MB + 1}Mi", "-1Gi"])
+@pytest.mark.parametrize(
+    "value", ["1e40", "999Ei", "1e999999999999999999999", f"{MAX_MB + 1}Mi", "-1Gi"]
+)
 def test_memory_beyond_the_bound_is_an_error_not_an_exception_of_another_kind(value: str) -> None:
-    with pytest.raises(InvalidValueError, match=r"status.capacity.memory: .*"):
+    with pytest.raises(InvalidValueError, match=r"status\.capacity\.memory: "):
         memory_mib(value, "status.capacity.memory")
 
 

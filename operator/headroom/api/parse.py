@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime, timedelta, timezone
-from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 from headroom.api.constants import (
@@ -76,7 +75,7 @@ def parse_time(value: object, field: str = "") -> datetime:
         try:
             return _bounded(value.astimezone(UTC), value, field)
         except OverflowError:
-            raise _fail(field, f"not a valid time: {shown(value)}") from None
+            raise _fail(field, _outside_times(value)) from None
     text = _short_text(value, field, "a time")
     match = _RFC3339.fullmatch(text)
     if match is None:
@@ -93,17 +92,20 @@ def parse_time(value: object, field: str = "") -> datetime:
             int(year), int(month), int(day), int(hour), int(minute), int(second), micros, zone
         )
         moment = local.astimezone(UTC)
-    except (ValueError, OverflowError):
+    except ValueError:
         raise _fail(field, f"not a valid time: {shown(value)}") from None
+    except OverflowError:  # e.g. year 9999 at -14:00 is year 10000 in UTC
+        raise _fail(field, _outside_times(value)) from None
     return _bounded(moment, value, field)
+
+
+def _outside_times(value: object) -> str:
+    return f"{shown(value)} is outside {format_time(MIN_TIME)} .. {format_time(MAX_TIME)}"
 
 
 def _bounded(moment: datetime, value: object, field: str) -> datetime:
     if not MIN_TIME <= moment < MAX_TIME:
-        raise _fail(
-            field,
-            f"{shown(value)} is outside {format_time(MIN_TIME)} .. {format_time(MAX_TIME)}",
-        )
+        raise _fail(field, _outside_times(value))
     return moment
 
 
@@ -205,24 +207,36 @@ def parse_ratio(value: object, field: str = "") -> Fraction:
 
 
 def _decimal_ratio(text: str, value: object, field: str) -> Fraction:
-    # The regex admits only finite decimals. Decimal keeps the exponent symbolic, and
-    # nothing below goes through a context operation that could expand or round it.
-    sign, digits, exponent = Decimal(text).as_tuple()
-    assert isinstance(exponent, int)
-    significant = "".join(map(str, digits)).lstrip("0")
+    negative, significant, exponent = _decimal_parts(text)
     if not significant:
         return Fraction(0)
     trailing = len(significant) - len(significant.rstrip("0"))
     places = -(exponent + trailing)  # decimal places of the exact value
     magnitude = len(significant) + exponent - 1  # power of ten of its first digit
-    if sign or magnitude > 2:  # negative, or 1000 and above: out of range, never expanded
+    if negative or magnitude > 2:  # negative, or 1000 and above: out of range, never expanded
         raise _fail(field, f"overcommit ratio {shown(value)} is outside 0 .. {MAX_RATIO}")
     if places > MAX_RATIO_DECIMALS:
         raise _fail(
             field,
             f"overcommit ratio {shown(value)} has more than {MAX_RATIO_DECIMALS} decimal places",
         )
-    return Fraction(int(significant), 1) * Fraction(10) ** exponent
+    return Fraction(int(significant)) * Fraction(10) ** exponent
+
+
+_DECIMAL_PARTS = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?")
+
+
+def _decimal_parts(text: str) -> tuple[bool, str, int]:
+    """``"-12.50e3"`` -> (negative, "1250", 1): digits without leading zeros and the
+    power of ten of the last one. Pure string work: an exponent of any size is just
+    an int here, never a number of that size (``Decimal`` itself refuses some)."""
+    match = _DECIMAL_PARTS.fullmatch(text)
+    if match is None:
+        raise ValueError(text)
+    sign, whole, fraction, exponent = match.groups()
+    fraction = fraction or ""
+    significant = (whole + fraction).lstrip("0")
+    return sign == "-", significant, int(exponent or "0") - len(fraction)
 
 
 # -- memory quantities ------------------------------------------------------------------------
@@ -258,25 +272,22 @@ def memory_mib(value: object, field: str = "") -> int:
     match = _QUANTITY.fullmatch(text)
     if match is None:
         raise _fail(field, f"not a memory quantity (e.g. 32Gi): {shown(value)}")
-    mantissa, exponent_text, suffix = match[1], match[2], match[3] or ""
-    try:
-        number = Decimal(mantissa)
-        exponent = int(exponent_text or "0")
-    except (InvalidOperation, ValueError):
-        raise _fail(field, f"not a memory quantity (e.g. 32Gi): {shown(value)}") from None
-    if number < 0:
-        raise _fail(field, f"a memory quantity cannot be negative: {shown(value)}")
-    if number.is_zero():
+    negative, significant, exponent = _decimal_parts(match[1])
+    exponent += int(match[2] or "0")
+    suffix = match[3] or ""
+    if not significant:
         return 0
+    if negative:
+        raise _fail(field, f"a memory quantity cannot be negative: {shown(value)}")
     power10 = exponent + _DECIMAL_EXPONENT.get(suffix, 0)
     power2 = _BINARY.get(suffix, 0)
     # log10 of the byte count, roughly; MAX_MB MiB is about 10^15.05 bytes.
-    magnitude = number.adjusted() + power10 + power2 * 0.30103
+    magnitude = len(significant) - 1 + power10 + power2 * 0.30103
     if magnitude > 20:
         raise _fail(field, f"{shown(value)} is above {MAX_MB} MiB")
     if magnitude < -3:
         return 0  # less than a byte
-    exact = Fraction(number) * Fraction(10) ** power10 * (1 << power2)
+    exact = Fraction(int(significant)) * Fraction(10) ** power10 * (1 << power2)
     mib = int(exact // _MIB)
     if mib > MAX_MB:
         raise _fail(field, f"{shown(value)} is above {MAX_MB} MiB")

@@ -24,11 +24,13 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
+
 from headroom.api.config import OperatorConfig
 from headroom.api.constants import API_VERSION
 from headroom.api.reasons import Phase, Reason
 from headroom.kube.admission import Admission
-from headroom.kube.client import JSON, KubeClient, resource_path
+from headroom.kube.client import JSON, ApiError, KubeClient, resource_path, retrying
 from headroom.kube.events import EventRecorder, ObjectRef
 from headroom.kube.metrics import EventsCollector, OperatorMetrics
 from headroom.kube.objects import (
@@ -38,9 +40,9 @@ from headroom.kube.objects import (
     reservation_entry,
     reservation_id,
 )
-from headroom.kube.stamp import Stamper, load_key
+from headroom.kube.stamp import Stamper, Verdict, load_key, mark_adopted
 from headroom.kube.state import State, Tracked
-from headroom.kube.status import precise, reservation_ref, write_status_fields
+from headroom.kube.status import precise, reservation_ref, write_stamp, write_status_fields
 from headroom.kube.upkeep import Upkeep
 from headroom.kube.watch import follow
 from headroom.ledger import Entry
@@ -69,6 +71,7 @@ class Controller:
         self.upkeep = Upkeep(self.state, client, self.events, self.metrics, config)
         self.ready = asyncio.Event()
         self._bad_node_values: dict[str, list[str]] = {}
+        self._bad_pod_heartbeats: dict[tuple[str, str], str] = {}  # one Event per bad value
         self._background_tasks: set[asyncio.Future[Any]] = set()
         self._resync_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -82,7 +85,7 @@ class Controller:
         if key_config.enabled:
             namespace = key_config.namespace or os.environ.get("POD_NAMESPACE", "default")
             key = await load_key(self.client, namespace, key_config.secret_name)
-            self.state.stamper = Stamper(key)
+            self.state.stamper = Stamper(key.key, adopting=key.adopting)
         version = await self.rebuild()
         self.upkeep.start()
         self.admission.start()
@@ -115,11 +118,19 @@ class Controller:
         now = datetime.now(UTC)
         admitted: list[tuple[Entry, JSON]] = []
         undecided: list[JSON] = []
+        adopted: list[JSON] = []
         for obj in reservations:
             try:
-                self._sort_listed(obj, now, admitted, undecided)
+                self._sort_listed(obj, now, admitted, undecided, adopted)
             except Exception:  # one object must not stop the rebuild for all the others
                 log.exception("reservation %s unreadable at rebuild", _name_of(obj))
+        if adopted:
+            log.warning(
+                "decision key is new: %d statuses it cannot verify are kept and stamped again",
+                len(adopted),
+            )
+        if self.state.stamper.adopting:
+            self._background(self._adopt(adopted))
         result = self.state.ledger.restore([entry for entry, _ in admitted])
         for entry, obj in admitted:
             meta = obj["metadata"]
@@ -146,6 +157,7 @@ class Controller:
         for obj in undecided:
             self.admission.submit(obj)
         self.state.dirty_nodes.update(self.state.node_uids)
+        self._background(self.upkeep.delete_orphan_summaries())
         log.info(
             "ledger rebuilt in %.2fs: %d nodes, %d admitted, %d undecided, %d over-committed",
             (datetime.now(UTC) - started).total_seconds(),
@@ -157,16 +169,26 @@ class Controller:
         return version
 
     def _sort_listed(
-        self, obj: JSON, now: datetime, admitted: list[tuple[Entry, JSON]], undecided: list[JSON]
+        self,
+        obj: JSON,
+        now: datetime,
+        admitted: list[tuple[Entry, JSON]],
+        undecided: list[JSON],
+        adopted: list[JSON],
     ) -> None:
         """Put one listed Reservation where the rebuild needs it."""
         status = obj.get("status") or {}
         phase = status.get("phase")
         uid = obj["metadata"]["uid"]
-        if phase in (Phase.ADMITTED, Phase.REJECTED) and not self.state.stamper.trusted(obj):
-            self._distrust(obj)
-            undecided.append(obj)
-        elif phase == Phase.ADMITTED:
+        if phase in (Phase.ADMITTED, Phase.REJECTED):
+            verdict = self.state.stamper.verdict(obj)
+            if verdict is Verdict.UNTRUSTED:
+                self._distrust(obj)
+                undecided.append(obj)
+                return
+            if verdict is Verdict.ADOPT:
+                adopted.append(obj)
+        if phase == Phase.ADMITTED:
             try:
                 admitted.append((reservation_entry(obj, now), obj))
             except ValueError as error:  # cannot happen for objects we admitted
@@ -179,6 +201,37 @@ class Controller:
             self.upkeep.schedule_deletion(meta["namespace"], meta["name"], uid, reclaimed_at)
         else:
             undecided.append(obj)
+
+    async def _adopt(self, adopted: list[JSON]) -> None:
+        """Stamp again, with the new key, the statuses kept at rebuild; then close adoption."""
+        stamper, failures = self.state.stamper, 0
+        for obj in adopted:
+            meta, phase = obj["metadata"], str(obj["status"]["phase"])
+            decision_id = f"{self.admission.run_id}-adopted-{meta['uid'][:8]}"
+            stamp = stamper.sign(meta["uid"], decision_id, phase) or ""
+            try:
+                await retrying(
+                    lambda m=meta, p=phase, d=decision_id, s=stamp: write_stamp(
+                        self.client, m["namespace"], m["name"], m["uid"], p, d, s
+                    )
+                )
+            except ApiError as error:
+                if not (error.not_found or error.status == 422):  # gone, or decided since
+                    failures += 1
+                    log.warning("%s not stamped again: %s", _name_of(obj), error)
+            except (aiohttp.ClientError, TimeoutError, OSError) as error:
+                failures += 1
+                log.warning("%s not stamped again: %s", _name_of(obj), error)
+        key_config = self.config.decision_key
+        if failures:
+            log.warning(
+                "%d statuses not stamped again; adoption continues at the next start", failures
+            )
+            return
+        namespace = key_config.namespace or os.environ.get("POD_NAMESPACE", "default")
+        await mark_adopted(self.client, namespace, key_config.secret_name)
+        stamper.adopting = False
+        log.info("decision key adopted: %d statuses stamped again", len(adopted))
 
     async def _resync_forever(self) -> None:
         while True:
@@ -208,6 +261,7 @@ class Controller:
                 self.state.release(entry_id, tracked.uid)
         for obj in reservations:
             self.on_reservation(None, obj)
+        await self.upkeep.delete_orphan_summaries()
         return version
 
     # -- watch events ----------------------------------------------------------------------
@@ -264,7 +318,7 @@ class Controller:
                 self.events.record(
                     reservation_ref(tracked.namespace, tracked.name, tracked.uid),
                     "BadHeartbeat",
-                    f"annotation ignored: {error}",
+                    f"{error}; ignored",
                     "Warning",
                 )
             return
@@ -304,6 +358,12 @@ class Controller:
             log.warning("background write failed: %s", task.exception())
 
     def on_node(self, event_type: str | None, obj: JSON) -> None:
+        try:
+            self._on_node(event_type, obj)
+        except Exception:  # one Node must never stop the rebuild or the others
+            log.exception("node %s not handled", (obj.get("metadata") or {}).get("name"))
+
+    def _on_node(self, event_type: str | None, obj: JSON) -> None:
         meta = obj.get("metadata") or {}
         name = meta.get("name")
         if not name:
@@ -334,12 +394,19 @@ class Controller:
         state.dirty_nodes.add(name)
 
     def on_pod(self, event_type: str | None, obj: JSON) -> None:
+        try:
+            self._on_pod(event_type, obj)
+        except Exception:  # one Pod must never stop the others
+            log.exception("pod %s not handled", _name_of(obj))
+
+    def _on_pod(self, event_type: str | None, obj: JSON) -> None:
         meta = obj.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         owned = self.state.pod_owned.get(key)
         if not owned:
             return
         if event_type == DELETED:
+            self._bad_pod_heartbeats.pop(key, None)
             now = datetime.now(UTC)
             for entry_id in list(owned):
                 tracked = self.state.release(entry_id)
@@ -351,13 +418,16 @@ class Controller:
         try:
             at = heartbeat_of(obj)
         except ValueError as error:
-            self.events.record(
-                ObjectRef("v1", "Pod", key[1], meta.get("uid", ""), key[0]),
-                "BadHeartbeat",
-                f"annotation ignored: {error}",
-                "Warning",
-            )
+            if self._bad_pod_heartbeats.get(key) != str(error):
+                self._bad_pod_heartbeats[key] = str(error)
+                self.events.record(
+                    ObjectRef("v1", "Pod", key[1], meta.get("uid", ""), key[0]),
+                    "BadHeartbeat",
+                    f"{error}; ignored",
+                    "Warning",
+                )
             return
+        self._bad_pod_heartbeats.pop(key, None)
         if at is not None:
             for entry_id in list(owned):
                 self.heartbeat(entry_id, at)

@@ -9,6 +9,18 @@ Forging a stamp requires reading that Secret, i.e. already being an admin of the
 operator's namespace; copying a stamp from another object fails because the uid
 differs. A status without a valid stamp is ignored and the reservation decided
 again, with an ``UntrustedStatus`` Warning Event.
+
+Losing the key must never take memory back from a reservation in use. When the
+Secret is gone (deleted, renamed with the release, a namespace restored without
+Secrets, or ``decisionKey`` just turned on), the operator creates a new key and
+marks the Secret ``headroom.dev/statuses-adopted: "false"``. While that mark is
+there, a status it cannot verify is *adopted*: kept as it is, counted in the
+ledger, and re-stamped with the new key; once every one is re-stamped the mark
+becomes ``"true"`` and unverifiable statuses are distrusted again. A crash in the
+middle leaves the mark at ``"false"``, so the next start finishes the job. This
+stays safe against forged statuses: adopting happens only after the old key's
+Secret was removed, and removing it takes the same right as reading it (admin of
+the operator's namespace) — whoever could use the window could forge a stamp anyway.
 """
 
 from __future__ import annotations
@@ -18,18 +30,35 @@ import hashlib
 import hmac
 import logging
 import secrets
+from dataclasses import dataclass
+from enum import Enum
 
+from headroom.api.constants import GROUP
 from headroom.kube.client import JSON, ApiError, KubeClient, resource_path
 
 log = logging.getLogger(__name__)
 KEY_FIELD = "decision-key"
+ADOPTED_ANNOTATION = f"{GROUP}/statuses-adopted"
+
+
+class Verdict(Enum):
+    TRUSTED = "trusted"  # stamped with our key, or no key in use
+    ADOPT = "adopt"  # unverifiable, and the key is new: keep it and stamp it again
+    UNTRUSTED = "untrusted"  # unverifiable with a key already established: decide again
+
+
+@dataclass(frozen=True)
+class DecisionKey:
+    key: bytes
+    adopting: bool  # the key is new: statuses stamped before it cannot be checked
 
 
 class Stamper:
     """Signs and checks decision stamps; with no key, stamps nothing and trusts RBAC."""
 
-    def __init__(self, key: bytes | None) -> None:
+    def __init__(self, key: bytes | None, *, adopting: bool = False) -> None:
         self._key = key
+        self.adopting = adopting and key is not None
 
     @property
     def enabled(self) -> bool:
@@ -53,28 +82,47 @@ class Stamper:
         )
         return hmac.compare_digest(expected or "", str(status.get("decisionStamp", "")))
 
+    def verdict(self, obj: JSON) -> Verdict:
+        if self.trusted(obj):
+            return Verdict.TRUSTED
+        return Verdict.ADOPT if self.adopting else Verdict.UNTRUSTED
 
-async def load_key(client: KubeClient, namespace: str, name: str) -> bytes:
+
+async def load_key(client: KubeClient, namespace: str, name: str) -> DecisionKey:
     """The key from Secret ``namespace/name``, created with 32 random bytes if absent."""
     path = resource_path("", "v1", "secrets", namespace)
     for _ in range(3):
         try:
             secret = await client.get(f"{path}/{name}")
-            return base64.b64decode(secret["data"][KEY_FIELD])
+            annotations = (secret.get("metadata") or {}).get("annotations") or {}
+            # A Secret from before adoption existed carries no mark: its key is established.
+            adopting = annotations.get(ADOPTED_ANNOTATION) == "false"
+            return DecisionKey(base64.b64decode(secret["data"][KEY_FIELD]), adopting)
         except ApiError as error:
             if not error.not_found:
                 raise
         body = {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "annotations": {ADOPTED_ANNOTATION: "false"}},
             "type": "Opaque",
             "data": {KEY_FIELD: base64.b64encode(secrets.token_bytes(32)).decode()},
         }
         try:
             await client.create(path, body)
-            log.info("created decision key Secret %s/%s", namespace, name)
+            log.warning(
+                "created decision key Secret %s/%s: statuses stamped before it will be "
+                "adopted and stamped again",
+                namespace,
+                name,
+            )
         except ApiError as error:
             if not error.conflict:  # 409: another replica created it first; read that one
                 raise
     raise RuntimeError(f"decision key Secret {namespace}/{name} could not be read or created")
+
+
+async def mark_adopted(client: KubeClient, namespace: str, name: str) -> None:
+    """Every status is stamped with this key now: unverifiable ones are distrusted again."""
+    path = resource_path("", "v1", "secrets", namespace, name)
+    await client.merge_patch(path, {"metadata": {"annotations": {ADOPTED_ANNOTATION: "true"}}})

@@ -110,3 +110,24 @@ async def write_status_fields(
     operations: list[JSON] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
     operations += [{"op": "add", "path": f"/status/{k}", "value": v} for k, v in fields.items()]
     return await client.json_patch(reservation_path(namespace, name, "status"), operations)
+
+
+async def write_stamp(
+    client: KubeClient,
+    namespace: str,
+    name: str,
+    uid: str,
+    phase: str,
+    decision_id: str,
+    stamp: str,
+) -> JSON:
+    """Stamp an existing decision again (a new decision key), only if it is still that phase."""
+    return await client.json_patch(
+        reservation_path(namespace, name, "status"),
+        [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "test", "path": "/status/phase", "value": phase},
+            {"op": "add", "path": "/status/decisionID", "value": decision_id},
+            {"op": "add", "path": "/status/decisionStamp", "value": stamp},
+        ],
+    )

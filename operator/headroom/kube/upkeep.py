@@ -250,6 +250,32 @@ class Upkeep:
             if not error.conflict:
                 raise
 
+    async def delete_orphan_summaries(self) -> None:
+        """Delete NodeHeadrooms whose Node is gone or was replaced (a new uid).
+
+        The DELETED event of a Node removed while the operator was down is never
+        seen, and clusters without a garbage collector run (or a slow one) keep
+        its NodeHeadroom; this catches them at start-up and at every resync.
+        """
+        path = resource_path(GROUP, VERSION, "nodeheadrooms")
+        items, _ = await self._client.list_all(path)
+        for item in items:
+            meta = item.get("metadata") or {}
+            name, uid = meta.get("name", ""), meta.get("uid", "")
+            node_uid = self._state.node_uids.get(name)
+            owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
+            if node_uid is not None and node_uid in owners:
+                continue
+            log.info("NodeHeadroom %s has no Node (or an older one's); deleted", name)
+            self._written.pop(name, None)
+            if node_uid is not None:
+                self._state.dirty_nodes.add(name)  # written again for the Node that is there
+            try:
+                await self._client.delete(f"{path}/{name}", uid=uid)
+            except ApiError as error:
+                if not (error.not_found or error.conflict):
+                    raise
+
     async def delete_summary(self, node: str) -> None:
         """A Node went away: its NodeHeadroom goes too (no garbage collector is assumed)."""
         self._written.pop(node, None)
