@@ -25,7 +25,8 @@ from typing import Any
 import psutil
 from report import table
 
-from headroom.kube.client import Credentials, KubeClient, resource_path
+from headroom.kube.client import Credentials, KubeClient
+from headroom.kube.transport import resource_path
 from headroom_dev.apply import api_client, install_crds
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.nodes import create_node

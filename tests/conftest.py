@@ -65,8 +65,10 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
     except client.ApiException as error:
         if error.status != 404:  # 404: the CRDs were never installed in this session
             raise
-    # There is no namespace controller here, so the namespace stays Terminating;
-    # its name is unique, so that harms nothing.
+    # Pods too: with no namespace controller here the namespace stays Terminating
+    # (its name is unique, so that harms nothing), but its pods would stay and still
+    # be owner pods for an operator started by a later test.
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     core.delete_namespace(name)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 from pathlib import Path
@@ -11,11 +12,14 @@ from pathlib import Path
 import kopf
 
 from headroom.api.config import ConfigError, OperatorConfig, parse_config
+from headroom.control.controller import Controller
+from headroom.control.supervisor import Supervisor
 from headroom.handlers.wiring import build_registry, configure
 from headroom.kube.client import Credentials, KubeClient
-from headroom.kube.controller import Controller
+from headroom.kube.clock import Clock, SystemClock
 from headroom.kube.leader import LeaderElector, LeaseSettings
-from headroom.kube.probes import ProbeServer
+from headroom.serving.metrics import EventsCollector, OperatorMetrics
+from headroom.serving.probes import ProbeServer
 
 log = logging.getLogger("headroom")
 CONFIG_ENV = "HEADROOM_CONFIG"
@@ -33,7 +37,7 @@ def load_config(path: str | None) -> OperatorConfig:
     return parse_config(text, path)
 
 
-def _elector(config: OperatorConfig, client: KubeClient) -> LeaderElector | None:
+def _elector(config: OperatorConfig, client: KubeClient, clock: Clock) -> LeaderElector | None:
     election = config.leader_election
     if not election.enabled:
         return None
@@ -47,6 +51,7 @@ def _elector(config: OperatorConfig, client: KubeClient) -> LeaderElector | None
             renew_deadline=election.renew_deadline,
             retry_period=election.retry_period,
         ),
+        clock,
     )
 
 
@@ -56,13 +61,37 @@ def _stop_deciding_now() -> None:
     os._exit(3)
 
 
-async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> None:
+async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> int:
+    """Run until stopped; 0 after a clean stop, 1 when a long-lived task died."""
     credentials = await asyncio.to_thread(Credentials.from_environment)
     client = KubeClient(credentials)
-    controller = Controller(config, client)
-    elector = _elector(config, client)
+    clock = SystemClock()
+    stop = stop or asyncio.Event()
+    failures: list[str] = []
+
+    def failed(reason: str) -> None:
+        failures.append(reason)
+        stop.set()  # kopf stops, its cleanup stops the controller (bounded), we exit 1
+
+    supervisor = Supervisor(on_failure=failed)
+    elector = _elector(config, client, clock)
+    controller: Controller | None = None
+    metrics = OperatorMetrics(
+        lambda: controller.state.ledger if controller and controller.ready.is_set() else None
+    )
+    controller = Controller(
+        config,
+        client,
+        clock=clock,
+        telemetry=metrics,
+        supervisor=supervisor,
+        may_act=elector.may_act if elector is not None else (lambda: True),
+        time_left=elector.time_left if elector is not None else (lambda: math.inf),
+    )
+    metrics.registry.register(EventsCollector(controller.events))
     probes = ProbeServer(
         controller,
+        metrics,
         config.metrics_host,
         config.metrics_port,
         standby=lambda: elector is not None and not elector.is_leader,
@@ -71,7 +100,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> N
     log.info("metrics and probes on %s:%d", config.metrics_host, probes.port)
     if elector is not None:
         await elector.acquire()  # a standby waits here, holding no ledger
-        holding = asyncio.create_task(elector.hold(on_lost=_stop_deciding_now))
+        supervisor.spawn("lease", elector.hold(on_lost=_stop_deciding_now))
     settings = kopf.OperatorSettings()
     configure(settings)
     try:
@@ -85,6 +114,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> N
         )
     finally:
         if elector is not None:
-            holding.cancel()
+            await elector.release()
         await probes.stop()
         await client.close()
+    return 1 if failures else 0

@@ -129,18 +129,23 @@ def test_r3_hostile_corpus(
     # H. A namesake pod in another namespace must not heartbeat this one's reservation.
     other = f"t-other-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": other}})
-    rsv.create(custom, namespace, "owned", control, 512, owner={"pod": "trainer"})
-    core.create_namespaced_pod(
-        other,
-        {
-            "metadata": {
-                "name": "trainer",
-                "labels": {"headroom.dev/owner": "true"},
-                "annotations": {"headroom.dev/heartbeat": "2099-01-01T00:00:00Z"},
+    for where, beat in ((namespace, None), (other, "2099-01-01T00:00:00Z")):
+        core.create_namespaced_pod(
+            where,
+            {
+                "metadata": {
+                    "name": "trainer",
+                    "labels": {"headroom.dev/owner": "true"},
+                    "annotations": {"headroom.dev/heartbeat": beat} if beat else {},
+                },
+                "spec": {"containers": [{"name": "main", "image": "busybox"}]},
             },
-            "spec": {"containers": [{"name": "main", "image": "busybox"}]},
-        },
-    )
+        )
+    rsv.create(custom, namespace, "owned", control, 512, owner={"pod": "trainer"})
+    tried += 1
+
+    # I. An owner pod that does not exist: refused, not held for a whole window.
+    rsv.create(custom, namespace, "ghost-owned", control, 512, owner={"pod": "nobody"})
     tried += 1
 
     print(f"R3: {tried} bad inputs tried")
@@ -150,7 +155,9 @@ def test_r3_hostile_corpus(
     assert rsv.wait_for(custom, namespace, "on-bare")["status"]["reason"] == "NodeUnknown"
     owned = rsv.wait_for(custom, namespace, "owned")["status"]
     assert owned["phase"] == "Admitted"
-    assert owned["lastHeartbeat"] < "2099"
+    assert owned.get("lastHeartbeat", "") < "2099"
+    ghost = rsv.wait_for(custom, namespace, "ghost-owned")["status"]
+    assert (ghost["phase"], ghost["reason"]) == ("Rejected", "OwnerPodNotFound"), ghost
     for i in range(5):
         assert rsv.wait_for(custom, namespace, f"doomed-{i}")["status"]["phase"] in (
             "Admitted",

@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client
 
 from headroom.api.config import OperatorConfig
+from headroom.control.controller import Controller
 from headroom.kube.client import Credentials, KubeClient
-from headroom.kube.controller import NODES, Controller
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 
@@ -33,7 +33,7 @@ async def controller(control_plane: ControlPlane, crds: list[str]) -> AsyncItera
             key_file=str(pki / "admin.key"),
         )
     )
-    controller = Controller(OperatorConfig(), kube, follow_reservations=False)
+    controller = Controller(OperatorConfig(), kube, follow_watches=False)
     yield controller
     await controller.stop()
     await kube.close()
@@ -56,9 +56,7 @@ async def test_resync_releases_what_a_lost_deleted_event_would_have(
 ) -> None:
     node = f"n-{uuid.uuid4().hex[:6]}"
     make_node(node, memory="5Gi")  # limit 4096
-    await controller.start()
-    for obj in (await controller.client.list_all(NODES))[0]:
-        controller.on_node(None, obj)
+    await controller.start()  # the rebuild lists the Node created above
 
     created = await asyncio.to_thread(rsv.create, custom, namespace, "held", node, 4096)
     controller.on_reservation("ADDED", created)
@@ -73,4 +71,4 @@ async def test_resync_releases_what_a_lost_deleted_event_would_have(
     later = await asyncio.to_thread(rsv.create, custom, namespace, "later", node, 4096)
     await controller.resync()  # an undecided object found by the resync is decided
     assert (await decided(custom, namespace, "later"))["status"]["phase"] == "Admitted"
-    assert later["metadata"]["uid"] in {t.uid for t in controller.state.tracked.values()}
+    assert later["metadata"]["uid"] in controller.state.holders.values()

@@ -70,7 +70,7 @@ def test_a_lost_key_keeps_every_decision_and_then_distrusts_forgeries(
     # The node shrinks below what is reserved, and the key is lost.
     set_node_memory(core, node, "5Gi")  # limit 4096 < 6144 reserved
     core.delete_namespaced_secret(secret, namespace)
-    run_operator(config)
+    operator = run_operator(config)
 
     in_use = stamped_again(custom, namespace, "in-use")
     assert in_use["phase"] == "Admitted", in_use  # kept: its owner still uses the memory
@@ -84,10 +84,9 @@ def test_a_lost_key_keeps_every_decision_and_then_distrusts_forgeries(
     assert rsv.wait_for(custom, namespace, "more")["status"]["reason"] == "InsufficientRAM"
 
     # Adoption is over: a status written without the key is distrusted and decided again.
-    operator_2 = run_operator(config)
     rsv.create(custom, namespace, "forged", node, 2048)
     assert rsv.wait_for(custom, namespace, "forged")["status"]["phase"] == "Rejected"
-    operator_2.stop()
+    operator.stop()
     custom.patch_namespaced_custom_object_status(
         "headroom.dev",
         "v1alpha1",

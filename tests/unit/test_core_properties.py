@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from headroom.api.limits import Limits
+from headroom.api.reasons import Reason
 from headroom.ledger import Entry, Ledger, Owner
 
 NODES = ("a", "b", "c")
@@ -32,6 +33,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.now = T0
         self.capacity: dict[str, tuple[int, int | None, Limits]] = {}
         self.shrunk: set[str] = set()  # nodes whose limit was lowered below what they hold
+        self.postponed: dict[str, datetime] = {}  # due entries the operator could not check
         self.ids = 0
 
     # -- nodes -------------------------------------------------------------------------
@@ -102,6 +104,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def release(self, data: st.DataObject) -> None:
         entry = data.draw(st.sampled_from(sorted(self.ledger.entries(), key=lambda e: e.id)))
         self.ledger.release(entry.id)
+        self.postponed.pop(entry.id, None)
         self._settle(entry.node)
 
     @precondition(lambda self: len(self.ledger) > 0)
@@ -120,13 +123,41 @@ class LedgerMachine(RuleBasedStateMachine):
     def reclaim(self) -> None:
         reclaimed = self.ledger.reclaim(self.now)
         for item in reclaimed:
+            self.postponed.pop(item.entry.id, None)
             window = self.ledger.limits_for(item.entry.node).heartbeat_stale_window
             assert item.entry.is_expired(self.now) or item.entry.is_stale(self.now, window)
             self._settle(item.entry.node)
-        for entry in self.ledger.entries():  # nothing due is left behind
+        for entry in self.ledger.entries():  # nothing due is left behind, unless postponed
+            if self.postponed.get(entry.id, self.now) > self.now:
+                continue
             window = self.ledger.limits_for(entry.node).heartbeat_stale_window
             assert not entry.is_expired(self.now)
             assert not entry.is_stale(self.now, window)
+
+    @rule(data=st.data(), later=st.integers(1, 30))
+    def confirm_what_is_due(self, data: st.DataObject, later: int) -> None:
+        """The operator's two steps: due entries are still held until it decides each."""
+        held = len(self.ledger)
+        due = self.ledger.due(self.now)
+        assert len(self.ledger) == held
+        assert len({item.entry.id for item in due}) == len(due), "an entry reported twice"
+        for item in due:
+            entry = item.entry
+            window = self.ledger.limits_for(entry.node).heartbeat_stale_window
+            assert entry.is_expired(self.now) or entry.is_stale(self.now, window)
+            # Expiry is exact: the operator never spares an expired entry as "alive".
+            choices = ["reclaim", "postpone"] + ([] if item.reason == Reason.EXPIRED else ["alive"])
+            choice = data.draw(st.sampled_from(choices))
+            self.postponed.pop(entry.id, None)
+            if choice == "reclaim":
+                self.ledger.reclaim_entry(entry.id)
+                self._settle(entry.node)
+            elif choice == "alive":
+                self.ledger.heartbeat(entry.id, self.now)
+            else:
+                until = self.now + timedelta(seconds=later)
+                self.ledger.postpone(entry.id, until)
+                self.postponed[entry.id] = until
 
     # -- invariants --------------------------------------------------------------------
 
@@ -177,6 +208,21 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         assert rebuilt.next_deadline() == self._true_next_deadline()
 
+    @invariant()
+    def no_deadline_is_missed(self) -> None:
+        """The sweeper wakes at next_deadline: it must never be later than the first real one."""
+        # A postponed entry needs a look at its postponement, or at its own deadline if a
+        # longer window moved that later.
+        effective = [
+            max(self.postponed.get(e.id, self._deadline(e)), self._deadline(e))
+            for e in self.ledger.entries()
+        ]
+        first = min(effective, default=None)
+        planned = self.ledger.next_deadline()
+        if first is not None:
+            assert planned is not None
+            assert planned <= first
+
     # -- helpers -----------------------------------------------------------------------
 
     def _reserved(self, node: str) -> int:
@@ -189,6 +235,9 @@ class LedgerMachine(RuleBasedStateMachine):
     def _settle(self, node: str) -> None:
         if not self._over(node):
             self.shrunk.discard(node)
+
+    def _deadline(self, entry: Entry) -> datetime:
+        return entry.deadline(self.ledger.limits_for(entry.node).heartbeat_stale_window)
 
     def _true_next_deadline(self) -> datetime | None:
         deadlines = [

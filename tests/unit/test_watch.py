@@ -11,10 +11,10 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-import aiohttp
 import pytest
 
-from headroom.kube.client import JSON, ApiError, KubeClient
+from headroom.kube.backoff import Backoff
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.kube.watch import follow
 
 
@@ -30,7 +30,9 @@ class ScriptedWatches:
         self.versions: list[str] = []
         self.drained = asyncio.Event()  # every session played and its events handled
 
-    async def watch(self, path: str, *, resource_version: str) -> AsyncIterator[JSON]:
+    async def watch(
+        self, path: str, *, resource_version: str, label_selector: str | None = None
+    ) -> AsyncIterator[JSON]:
         self.versions.append(resource_version)
         if not self.sessions:
             self.drained.set()
@@ -59,7 +61,7 @@ async def run(
         return relisted
 
     task = asyncio.create_task(
-        follow(cast(KubeClient, watches), "/rsv", "100", on_event, relist, backoff=0)
+        follow(cast(Transport, watches), "/rsv", "100", on_event, relist, backoff=Backoff(0, 0))
     )
     await asyncio.wait_for(watches.drained.wait(), timeout=5)
     task.cancel()
@@ -69,7 +71,7 @@ async def run(
 
 async def test_resumes_from_the_last_event_after_a_broken_connection() -> None:
     watches = ScriptedWatches(
-        ([{"type": "ADDED", "object": obj("a", "101")}], aiohttp.ClientConnectionError()),
+        ([{"type": "ADDED", "object": obj("a", "101")}], ApiUnavailableError("connection reset")),
         ([{"type": "MODIFIED", "object": obj("a", "102")}], None),
     )
     seen, relists = await run(watches)
@@ -102,7 +104,7 @@ async def test_an_expired_version_relists_and_watches_from_the_new_list(how: str
 async def test_other_errors_retry_from_the_same_version_without_relisting() -> None:
     watches = ScriptedWatches(
         ([{"type": "ERROR", "object": {"code": 500, "message": "etcd down"}}], None),
-        ([], TimeoutError()),
+        ([], ApiUnavailableError("read timed out")),
     )
     _, relists = await run(watches)
     assert relists == 0

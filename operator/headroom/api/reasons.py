@@ -22,6 +22,8 @@ class Reason(StrEnum):
     DUPLICATE_ID = "DuplicateID"
     ALREADY_EXPIRED = "AlreadyExpired"
     INVALID_SPEC = "InvalidSpec"
+    OWNER_POD_NOT_FOUND = "OwnerPodNotFound"
+    OWNER_POD_NOT_LABELLED = "OwnerPodNotLabelled"
     # Reclaim.
     HEARTBEAT_STALE = "HeartbeatStale"
     EXPIRED = "Expired"

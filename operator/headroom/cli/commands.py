@@ -12,8 +12,8 @@ from typing import Any
 
 from headroom.api.constants import API_VERSION
 from headroom.api.parse import parse_duration
+from headroom.cli import readers
 from headroom.cli.output import render, table
-from headroom.kube import readers
 
 Args = argparse.Namespace
 

@@ -30,6 +30,7 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"headroom: bad config: {error}", file=sys.stderr)
         return 2
+    code = 0
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_operator(config))
-    return 0
+        code = asyncio.run(run_operator(config))
+    return code

@@ -1,1 +1,5 @@
-"""The only layer that talks to the Kubernetes API server."""
+"""Transport: the only code that talks to an API server (client, watch, Lease, Events).
+
+The control code sees none of aiohttp: it uses ``transport.Transport`` and the
+two failure kinds defined there.
+"""

@@ -1,4 +1,4 @@
-"""A small typed async client for the few API calls the operator makes.
+"""The real API server behind :class:`~headroom.kube.transport.Transport`, over aiohttp.
 
 Why not the official client: it is synchronous, so every call from an async
 handler would need a thread, and its model deserialization costs more CPU than
@@ -10,35 +10,21 @@ typed layer above builds them from the pydantic models.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import aiohttp
 
-JSON = dict[str, Any]
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, list_all
+
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-
-
-class ApiError(Exception):
-    """A non-2xx answer from the API server."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status, self.reason, self.message = status, reason, message
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
+#: What aiohttp raises when there is no answer; the transport says ApiUnavailableError.
+_NO_ANSWER = (aiohttp.ClientError, TimeoutError, OSError)
 
 
 @dataclass(frozen=True)
@@ -89,19 +75,6 @@ class Credentials:
         return context
 
 
-def resource_path(
-    group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None
-) -> str:
-    """``/apis/group/version[/namespaces/ns]/plural[/name]`` (``/api/v1`` for the core group)."""
-    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
-    if namespace is not None:
-        base += f"/namespaces/{quote(namespace, safe='')}"
-    base += f"/{plural}"
-    if name is not None:
-        base += f"/{quote(name, safe='')}"
-    return base
-
-
 class KubeClient:
     """One connection pool to one API server. Create inside the running loop."""
 
@@ -138,24 +111,30 @@ class KubeClient:
         params: Mapping[str, str | int] | None = None,
         content_type: str = "application/json",
     ) -> JSON:
-        """Send one request; return the decoded JSON answer or raise :class:`ApiError`."""
+        """Send one request; the decoded JSON answer, ApiError, or ApiUnavailableError."""
         url = path.lstrip("/")
         if params:
             url += "?" + urlencode(params)
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else None
         self.calls += 1
-        async with self._session.request(method, url, data=data, headers=headers) as response:
-            text = await response.text()
-            if response.status >= 300:
-                raise _api_error(response.status, text)
-            return json.loads(text) if text else {}
+        try:
+            async with self._session.request(method, url, data=data, headers=headers) as response:
+                text = await response.text()
+                if response.status >= 300:
+                    raise _api_error(response.status, text)
+                return json.loads(text) if text else {}
+        except _NO_ANSWER as error:
+            raise ApiUnavailableError(f"{method} {path}: {error!r}") from error
 
     async def get(self, path: str) -> JSON:
         return await self.request("GET", path)
 
     async def create(self, path: str, body: JSON) -> JSON:
         return await self.request("POST", path, body=body)
+
+    async def replace(self, path: str, body: JSON) -> JSON:
+        return await self.request("PUT", path, body=body)
 
     async def merge_patch(self, path: str, body: JSON) -> JSON:
         return await self.request("PATCH", path, body=body, content_type=MERGE_PATCH)
@@ -168,60 +147,67 @@ class KubeClient:
         body = {"preconditions": {"uid": uid}} if uid else None
         return await self.request("DELETE", path, body=body)
 
-    async def list_pages(
-        self, path: str, *, limit: int = 500, label_selector: str | None = None
-    ) -> AsyncIterator[JSON]:
-        """Yield each page of a paged LIST (the answer's items and metadata)."""
+    async def list_page(
+        self,
+        path: str,
+        *,
+        limit: int = 500,
+        continue_token: str | None = None,
+        label_selector: str | None = None,
+    ) -> JSON:
         params: dict[str, str | int] = {"limit": limit}
+        if continue_token:
+            params["continue"] = continue_token
         if label_selector:
             params["labelSelector"] = label_selector
-        while True:
-            page = await self.request("GET", path, params=params)
-            yield page
-            token = page.get("metadata", {}).get("continue")
-            if not token:
-                return
-            params["continue"] = token
+        return await self.request("GET", path, params=params)
 
     async def list_all(
         self, path: str, *, limit: int = 500, label_selector: str | None = None
     ) -> tuple[list[JSON], str]:
         """Every item of a paged LIST and the list's resourceVersion."""
-        items: list[JSON] = []
-        version = ""
-        async for page in self.list_pages(path, limit=limit, label_selector=label_selector):
-            items.extend(page.get("items") or [])
-            version = page.get("metadata", {}).get("resourceVersion", version)
-        return items, version
+        return await list_all(self, path, limit=limit, label_selector=label_selector)
 
     async def watch(
-        self, path: str, *, resource_version: str, timeout_seconds: int = 270
+        self,
+        path: str,
+        *,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 270,
     ) -> AsyncIterator[JSON]:
         """Yield the events of one WATCH from ``resource_version`` until the server ends it.
 
         Bookmarks are asked for so that a quiet watch still advances its version. The
         read timeout is the server's plus a margin: a silent, dead connection ends
-        in :class:`TimeoutError` instead of hanging.
+        in ApiUnavailableError instead of hanging.
         """
-        params = {
+        params: dict[str, str | int] = {
             "watch": "true",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": timeout_seconds,
         }
+        if label_selector:
+            params["labelSelector"] = label_selector
         timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
         url = path.lstrip("/") + "?" + urlencode(params)
         self.calls += 1
-        async with self._session.get(url, timeout=timeout) as response:
-            if response.status >= 300:
-                raise _api_error(response.status, await response.text())
-            pending = b""
-            async for chunk in response.content.iter_any():
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield json.loads(line)
+        try:
+            async with self._session.get(url, timeout=timeout) as response:
+                if response.status >= 300:
+                    raise _api_error(response.status, await response.text())
+                pending = b""
+                async for chunk in response.content.iter_any():
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            yield json.loads(line)
+        except _NO_ANSWER as error:
+            raise ApiUnavailableError(f"WATCH {path}: {error!r}") from error
+        except ValueError as error:  # a torn line: the connection broke mid-event
+            raise ApiUnavailableError(f"WATCH {path}: {error!r}") from error
 
 
 def _api_error(status: int, text: str) -> ApiError:
@@ -230,23 +216,3 @@ def _api_error(status: int, text: str) -> ApiError:
         return ApiError(status, payload.get("reason", ""), payload.get("message", text))
     except (ValueError, AttributeError):
         return ApiError(status, "", text[:500])
-
-
-async def retrying(
-    call: Any, *, attempts: int = 5, base_delay: float = 0.2, retry_on: tuple[int, ...] = ()
-) -> Any:
-    """Await ``call()`` again on connection errors, 429, 5xx and ``retry_on`` statuses."""
-    delay = base_delay
-    for attempt in range(attempts):
-        try:
-            return await call()
-        except ApiError as error:
-            retriable = error.status == 429 or error.status >= 500 or error.status in retry_on
-            if not retriable or attempt == attempts - 1:
-                raise
-        except (aiohttp.ClientError, TimeoutError):
-            if attempt == attempts - 1:
-                raise
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)
-    raise AssertionError("unreachable")

@@ -7,26 +7,34 @@ leaderelection does it:
 - a candidate takes the Lease when it is free, or when its record has not
   changed for ``lease_duration`` as measured on *our* clock since we last saw it
   change (no trust in other machines' clocks);
-- every write is an update with the last seen ``resourceVersion``, so two
-  candidates can never both win the same round (one gets 409 Conflict);
-- the leader renews every ``retry_period``; if it cannot renew for
-  ``renew_deadline`` (< lease_duration) it gives up *before* anyone else can
-  take over, and the process exits so that no decision is taken without the
-  Lease. The standby then rebuilds its ledger from the API before deciding.
+- every write is a PUT with the last seen ``resourceVersion``, so two candidates
+  can never both win the same round (one gets 409 Conflict);
+- the leader renews every ``retry_period``; each attempt is bounded by what is
+  left of ``renew_deadline`` (< lease_duration) since the last renewal began.
+
+Why leadership cannot overlap: a renewal that *began* at monotonic time t makes
+this process the leader until t + renew_deadline, by its own clock
+(:meth:`LeaderElector.may_act`). A standby can take over no earlier than
+lease_duration after it saw that renewal, which is after t + lease_duration. The
+decider asks ``may_act()`` before every decision and the status writer before
+every attempt, so a leader that stalls (SIGSTOP, a full event loop, a slow API
+server) writes nothing once its time is up — and the difference lease_duration −
+renew_deadline is the margin for a request already on the wire. When it cannot
+renew in time it calls ``on_lost`` and the process exits; the Deployment
+restarts it as a standby. A clean shutdown releases the Lease so that the
+standby takes over at once instead of after lease_duration.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
-import aiohttp
-
-from headroom.kube.client import JSON, ApiError, KubeClient, resource_path
+from headroom.kube.clock import Clock, SystemClock
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, resource_path
 
 log = logging.getLogger(__name__)
 
@@ -46,64 +54,106 @@ def _micro_time(moment: datetime) -> str:
 
 
 class LeaderElector:
-    def __init__(self, client: KubeClient, settings: LeaseSettings) -> None:
-        self._client, self._settings = client, settings
+    def __init__(
+        self, transport: Transport, settings: LeaseSettings, clock: Clock | None = None
+    ) -> None:
+        self._client, self._settings = transport, settings
+        self._clock = clock or SystemClock()
         self._path = resource_path("coordination.k8s.io", "v1", "leases", settings.namespace)
         self._observed: JSON | None = None
         self._observed_at = 0.0
+        self._valid_until = float("-inf")  # monotonic; leader until then
         self.is_leader = False
+        self.transitions = 0  # the Lease's leaseTransitions when we took it
+
+    def may_act(self) -> bool:
+        """True while this process holds the Lease by its own monotonic clock."""
+        return self.is_leader and self._clock.monotonic() < self._valid_until
+
+    def time_left(self) -> float:
+        """Seconds this process may still act (0 when it may not): the bound of a write."""
+        return max(self._valid_until - self._clock.monotonic(), 0.0) if self.is_leader else 0.0
 
     async def acquire(self) -> None:
         """Return once this process holds the Lease."""
         period = self._settings.retry_period.total_seconds()
-        while not await self._try():  # noqa: ASYNC110 - polling the API is the protocol
+        while not await self._attempt(bounded_by=period):  # noqa: ASYNC110 - polling is the protocol
             await asyncio.sleep(period)
         log.info("became leader: lease %s/%s", self._settings.namespace, self._settings.name)
 
     async def hold(self, on_lost: Callable[[], None]) -> None:
-        """Renew forever; call ``on_lost`` if renewing fails for ``renew_deadline``."""
+        """Renew forever; call ``on_lost`` once a renewal cannot be done in time."""
         period = self._settings.retry_period.total_seconds()
-        deadline = self._settings.renew_deadline.total_seconds()
-        last_renewed = time.monotonic()
         while True:
             await asyncio.sleep(period)
-            if await self._try():
-                last_renewed = time.monotonic()
-            elif not self.is_leader or time.monotonic() - last_renewed > deadline:
+            remaining = self._valid_until - self._clock.monotonic()
+            if remaining <= 0 or not await self._attempt(bounded_by=remaining):
+                if self.may_act():
+                    continue  # this round failed, but the last renewal still holds
                 self.is_leader = False
                 log.error("lost lease %s/%s", self._settings.namespace, self._settings.name)
                 on_lost()
                 return
 
+    async def release(self) -> None:
+        """On a clean shutdown: give the Lease up so that a standby takes over at once."""
+        if not self.may_act() or self._observed is None:
+            return
+        self.is_leader = False
+        spec = dict(self._observed.get("spec") or {})
+        spec.update(
+            holderIdentity="",
+            leaseDurationSeconds=1,
+            renewTime=_micro_time(self._clock.now()),
+        )
+        body = {**self._observed, "spec": spec}
+        try:
+            await asyncio.wait_for(
+                self._client.replace(f"{self._path}/{self._settings.name}", body), 2.0
+            )
+            log.info("released lease %s/%s", self._settings.namespace, self._settings.name)
+        except (ApiError, ApiUnavailableError, TimeoutError) as error:
+            log.warning("lease not released (%s); the standby waits it out", error)
+
+    async def _attempt(self, bounded_by: float) -> bool:
+        """One round, given at most ``bounded_by`` seconds; True if we hold the Lease after."""
+        started = self._clock.monotonic()
+        try:
+            won = await asyncio.wait_for(self._try(), timeout=max(bounded_by, 0.001))
+        except TimeoutError:
+            log.warning("lease round took longer than %.2fs", bounded_by)
+            return False
+        if won:
+            self._valid_until = started + self._settings.renew_deadline.total_seconds()
+        return won
+
     async def _try(self) -> bool:
-        """One round: take or renew the Lease if we may. True if we hold it after."""
-        s, now = self._settings, datetime.now(UTC)
+        s, now = self._settings, self._clock.now()
         name_path = f"{self._path}/{s.name}"
         try:
             current = await self._client.get(name_path)
         except ApiError as error:
             if not error.not_found:
                 return False
-            return await self._write("POST", self._path, self._record(None, now))
-        except (aiohttp.ClientError, TimeoutError, OSError):
+            return await self._write(self._path, self._record(None, now), create=True)
+        except ApiUnavailableError:
             return False
         if current != self._observed:
-            self._observed, self._observed_at = current, time.monotonic()
+            self._observed, self._observed_at = current, self._clock.monotonic()
         spec = current.get("spec") or {}
         holder = spec.get("holderIdentity")
-        expired = (time.monotonic() - self._observed_at) > float(
+        expired = (self._clock.monotonic() - self._observed_at) > float(
             spec.get("leaseDurationSeconds") or s.lease_duration.total_seconds()
         )
         if holder and holder != s.identity and not expired:
             self.is_leader = False
             return False
-        return await self._write("PUT", name_path, self._record(current, now))
+        return await self._write(name_path, self._record(current, now), create=False)
 
     def _record(self, current: JSON | None, now: datetime) -> JSON:
         s = self._settings
         spec = dict((current or {}).get("spec") or {})
-        taking_over = spec.get("holderIdentity") != s.identity
-        if taking_over:
+        if spec.get("holderIdentity") != s.identity:  # taking over
             spec["acquireTime"] = _micro_time(now)
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (
                 1 if current else 0
@@ -125,12 +175,16 @@ class LeaderElector:
             "spec": spec,
         }
 
-    async def _write(self, method: str, path: str, body: JSON) -> bool:
+    async def _write(self, path: str, body: JSON, *, create: bool) -> bool:
         try:
-            written = await self._client.request(method, path, body=body)
-        except (ApiError, aiohttp.ClientError, TimeoutError, OSError) as error:
+            if create:
+                written = await self._client.create(path, body)
+            else:
+                written = await self._client.replace(path, body)
+        except (ApiError, ApiUnavailableError) as error:
             log.debug("lease write lost: %s", error)  # 409: someone else won this round
             return False
-        self._observed, self._observed_at = written, time.monotonic()
+        self._observed, self._observed_at = written, self._clock.monotonic()
         self.is_leader = True
+        self.transitions = int((written.get("spec") or {}).get("leaseTransitions") or 0)
         return True

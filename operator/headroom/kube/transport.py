@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
-from urllib.parse import quote
+
+from headroom.api.paths import resource_path
+
+__all__ = ["JSON", "ApiError", "ApiUnavailableError", "Transport", "list_all", "resource_path"]
 
 JSON = dict[str, Any]
 
@@ -119,16 +122,3 @@ async def list_all(
         token = metadata.get("continue")
         if not token:
             return items, version
-
-
-def resource_path(
-    group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None
-) -> str:
-    """``/apis/group/version[/namespaces/ns]/plural[/name]`` (``/api/v1`` for the core group)."""
-    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
-    if namespace is not None:
-        base += f"/namespaces/{quote(namespace, safe='')}"
-    base += f"/{plural}"
-    if name is not None:
-        base += f"/{quote(name, safe='')}"
-    return base

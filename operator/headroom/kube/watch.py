@@ -20,45 +20,51 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
 
-import aiohttp
-
-from headroom.kube.client import JSON, ApiError, KubeClient
+from headroom.kube.backoff import Backoff
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 
 log = logging.getLogger(__name__)
 
-GONE = 410
-
 
 async def follow(
-    client: KubeClient,
+    transport: Transport,
     path: str,
     resource_version: str,
     on_event: Callable[[str, JSON], None],
     relist: Callable[[], Awaitable[str]],
     *,
-    backoff: float = 1.0,
+    label_selector: str | None = None,
+    rng: random.Random | None = None,
+    backoff: Backoff | None = None,
 ) -> None:
     """Deliver every ADDED/MODIFIED/DELETED event after ``resource_version``, forever."""
     version: str | None = resource_version
+    backoff = backoff or Backoff(base=0.5, cap=10.0, rng=rng)
     while True:
         try:
             if version is None:
                 version = await relist()
                 log.info("relisted %s at resourceVersion %s", path, version)
-            async for event in client.watch(path, resource_version=version):
+            async for event in transport.watch(
+                path, resource_version=version, label_selector=label_selector
+            ):
                 version = _deliver(event, version, on_event)
+                backoff.reset()
+            continue  # the server ended the watch (its timeout): watch on from there
         except ApiError as error:  # an answer, or an ERROR event inside the stream
-            if error.status == GONE:
+            if error.gone:
                 log.info("watch of %s expired at resourceVersion %s; relisting", path, version)
                 version = None
                 continue
-            log.warning("watch of %s refused (%s); again in %.1fs", path, error, backoff)
-            await asyncio.sleep(backoff)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-            log.warning("watch of %s broke (%r); again in %.1fs", path, error, backoff)
-            await asyncio.sleep(backoff)
+            failure: Exception = error
+        except ApiUnavailableError as error:
+            failure = error
+        delay = backoff.next()
+        log.warning("watch of %s broke (%s); again in %.1fs", path, failure, delay)
+        await asyncio.sleep(delay)
 
 
 def _deliver(event: JSON, version: str, on_event: Callable[[str, JSON], None]) -> str:

@@ -9,6 +9,14 @@ totals. Reclaim pops a heap of deadlines (one item per entry); a heartbeat does
 not touch the heap — a popped item whose entry has since heartbeated is pushed
 back at its new deadline — so reclaim costs O(log n) per entry it examines, and
 it only examines entries whose recorded deadline has passed.
+
+Reclaiming is two steps for the operator: :meth:`Ledger.due` reports entries whose
+deadline passed but keeps holding them, so that the operator can confirm against
+the API that the owner is really silent before it gives the capacity away (a
+heartbeat it missed must not cost a live reservation); then it either
+:meth:`reclaim_entry` or spares it (:meth:`heartbeat`, :meth:`postpone`). An entry
+that is due has no live heap item, so it is reported once. :meth:`reclaim` does
+both steps at once (the seed's Reclaim).
 """
 
 from __future__ import annotations
@@ -107,6 +115,11 @@ class Ledger:
         else:
             del self._nodes[node]
 
+    def knows(self, node: str) -> bool:
+        """Whether the node's capacity is known, so that admission can be decided on it."""
+        state = self._nodes.get(node)
+        return state is not None and state.known
+
     def limits_for(self, node: str) -> Limits:
         state = self._nodes.get(node)
         return state.limits if state is not None else self.limits
@@ -182,13 +195,14 @@ class Ledger:
         self._reserved_mb += entry.ram_mb
         self._schedule(entry)
 
-    def _schedule(self, entry: Entry) -> None:
+    def _schedule(self, entry: Entry, at: datetime | None = None) -> None:
         if len(self._deadlines) > 2 * len(self._live) + 1024:
             self._compact()
         sequence = next(self._sequence)
         self._live[entry.id] = sequence
-        window = self._nodes[entry.node].limits.heartbeat_stale_window
-        heapq.heappush(self._deadlines, (entry.deadline(window), sequence, entry.id))
+        if at is None:
+            at = entry.deadline(self._nodes[entry.node].limits.heartbeat_stale_window)
+        heapq.heappush(self._deadlines, (at, sequence, entry.id))
 
     def _compact(self) -> None:
         """Drop heap items of released entries (amortized O(1) per reserve)."""
@@ -219,19 +233,25 @@ class Ledger:
             raise UnknownEntryError(entry_id)
         if at > entry.last_heartbeat:
             entry.last_heartbeat = at
+        if entry_id not in self._live:  # it was due: watch its deadline again
+            self._schedule(entry)
         return entry
 
     # -- reclaim (seed: Reclaim, Reconcile) ----------------------------------------------------
 
-    def reclaim(self, now: datetime) -> list[Reclaimed]:
-        """Remove every stale or expired entry; expiry wins when both apply."""
-        reclaimed: list[Reclaimed] = []
+    def due(self, now: datetime) -> list[Reclaimed]:
+        """Entries stale or expired at ``now``, still held (expiry wins when both apply).
+
+        Each is reported once: the caller then calls :meth:`reclaim_entry`, or spares
+        it with :meth:`heartbeat` or :meth:`postpone`.
+        """
+        found: list[Reclaimed] = []
         not_yet: list[Entry] = []  # rescheduled after the loop, so the loop always ends
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, sequence, entry_id = heapq.heappop(heap)
             if self._live.get(entry_id) != sequence:
-                continue  # released, or rescheduled by a newer item
+                continue  # released, rescheduled by a newer item, or already due
             entry = self._entries[entry_id]
             window = self._nodes[entry.node].limits.heartbeat_stale_window
             if entry.is_expired(now):
@@ -246,12 +266,33 @@ class Ledger:
             else:
                 not_yet.append(entry)  # heartbeated since it was scheduled
                 continue
-            self._remove(entry_id)
-            self._reclaimed_mb += entry.ram_mb
-            reclaimed.append(Reclaimed(entry, reason, message))
+            del self._live[entry_id]
+            found.append(Reclaimed(entry, reason, message))
         for entry in not_yet:
             self._schedule(entry)
-        return reclaimed
+        return found
+
+    def reclaim_entry(self, entry_id: str) -> Entry:
+        """Remove an entry reported by :meth:`due` (or any held entry) as reclaimed."""
+        if entry_id not in self._entries:
+            raise UnknownEntryError(entry_id)
+        entry = self._remove(entry_id)
+        self._reclaimed_mb += entry.ram_mb
+        return entry
+
+    def postpone(self, entry_id: str, until: datetime) -> None:
+        """Look at a due entry again at ``until`` (its owner could not be checked now)."""
+        entry = self._entries.get(entry_id)
+        if entry is None:
+            raise UnknownEntryError(entry_id)
+        self._schedule(entry, at=until)
+
+    def reclaim(self, now: datetime) -> list[Reclaimed]:
+        """Remove every stale or expired entry (seed: Reclaim): :meth:`due`, then reclaimed."""
+        due = self.due(now)
+        for reclaimed in due:
+            self.reclaim_entry(reclaimed.entry.id)
+        return due
 
     def next_deadline(self) -> datetime | None:
         """No entry can go stale or expire before this (it may be earlier than needed)."""

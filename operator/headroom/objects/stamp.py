@@ -25,18 +25,15 @@ the operator's namespace) — whoever could use the window could forge a stamp a
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
-import logging
-import secrets
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from headroom.api.constants import GROUP
-from headroom.kube.client import JSON, ApiError, KubeClient, resource_path
 
-log = logging.getLogger(__name__)
+JSON = dict[str, Any]
 KEY_FIELD = "decision-key"
 ADOPTED_ANNOTATION = f"{GROUP}/statuses-adopted"
 
@@ -86,43 +83,3 @@ class Stamper:
         if self.trusted(obj):
             return Verdict.TRUSTED
         return Verdict.ADOPT if self.adopting else Verdict.UNTRUSTED
-
-
-async def load_key(client: KubeClient, namespace: str, name: str) -> DecisionKey:
-    """The key from Secret ``namespace/name``, created with 32 random bytes if absent."""
-    path = resource_path("", "v1", "secrets", namespace)
-    for _ in range(3):
-        try:
-            secret = await client.get(f"{path}/{name}")
-            annotations = (secret.get("metadata") or {}).get("annotations") or {}
-            # A Secret from before adoption existed carries no mark: its key is established.
-            adopting = annotations.get(ADOPTED_ANNOTATION) == "false"
-            return DecisionKey(base64.b64decode(secret["data"][KEY_FIELD]), adopting)
-        except ApiError as error:
-            if not error.not_found:
-                raise
-        body = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name, "annotations": {ADOPTED_ANNOTATION: "false"}},
-            "type": "Opaque",
-            "data": {KEY_FIELD: base64.b64encode(secrets.token_bytes(32)).decode()},
-        }
-        try:
-            await client.create(path, body)
-            log.warning(
-                "created decision key Secret %s/%s: statuses stamped before it will be "
-                "adopted and stamped again",
-                namespace,
-                name,
-            )
-        except ApiError as error:
-            if not error.conflict:  # 409: another replica created it first; read that one
-                raise
-    raise RuntimeError(f"decision key Secret {namespace}/{name} could not be read or created")
-
-
-async def mark_adopted(client: KubeClient, namespace: str, name: str) -> None:
-    """Every status is stamped with this key now: unverifiable ones are distrusted again."""
-    path = resource_path("", "v1", "secrets", namespace, name)
-    await client.merge_patch(path, {"metadata": {"annotations": {ADOPTED_ANNOTATION: "true"}}})

@@ -130,3 +130,15 @@ class OperatorMetrics:
             ["reason"],
             registry=self.registry,
         )
+
+    # -- headroom.control.telemetry.Telemetry ------------------------------------------------
+
+    def decision_written(self, phase: str, seconds_since_seen: float) -> None:
+        self.admission_latency.observe(seconds_since_seen)
+        self.decisions.labels(phase).inc()
+
+    def reclaimed(self, reason: str) -> None:
+        self.reclaims.labels(reason).inc()
+
+    def status_write_failed(self) -> None:
+        self.status_write_failures.inc()

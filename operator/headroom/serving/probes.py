@@ -1,5 +1,7 @@
 """The operator's HTTP endpoint: /metrics, /healthz and /readyz on one port.
 
+/healthz answers 503 with the reason as soon as a long-lived task has died (the
+process then exits; the kubelet's liveness probe would restart it anyway).
 /readyz answers 503 while the ledger is being rebuilt from the API, "ok" once the
 leader can decide, and "standby" for a replica waiting for the Lease (ready, so a
 rolling update can proceed; it takes no decision until it holds the Lease).
@@ -12,18 +14,21 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from headroom.kube.controller import Controller
+from headroom.control.controller import Controller
+from headroom.serving.metrics import OperatorMetrics
 
 
 class ProbeServer:
     def __init__(
         self,
         controller: Controller,
+        metrics: OperatorMetrics,
         host: str,
         port: int,
         standby: Callable[[], bool] = lambda: False,
     ) -> None:
-        self._controller, self._host, self._port = controller, host, port
+        self._controller, self._registry = controller, metrics.registry
+        self._host, self._port = host, port
         self._standby = standby
         self._runner: web.AppRunner | None = None
         self.port = port
@@ -47,10 +52,13 @@ class ProbeServer:
             await self._runner.cleanup()
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self._controller.metrics.registry)
+        body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:
+        failure = self._controller.supervisor.failure
+        if failure is not None:
+            return web.Response(status=503, text=failure)
         return web.Response(text="ok")
 
     async def _readyz(self, _: web.Request) -> web.Response:

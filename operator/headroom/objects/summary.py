@@ -1,12 +1,14 @@
-"""NodeHeadroom status from the ledger's node summary."""
+"""NodeHeadroom status from the ledger's node summary, checked by the CRD's own model."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from headroom.api.models import NodeHeadroomStatus
-from headroom.kube.client import JSON
 from headroom.ledger import Ledger, format_ratio
+
+JSON = dict[str, Any]
 
 
 def headroom_status(ledger: Ledger, node: str, now: datetime) -> JSON:

@@ -1,0 +1,207 @@
+"""Admission: one decider, in creation order, each decision in memory before any await.
+
+Reservations waiting for a decision sit in a queue keyed by uid. One task drains
+it: each pass is sorted by creation time (ties by the order they were seen, which
+follows etcd's revision order), and each reservation is decided by the pure
+ledger synchronously, so two reservations can never both take the same last bit
+of headroom. Only then is the decision handed to the status writer, which writes
+it concurrently with later decisions.
+
+A reservation waits in the queue (it is not refused) while its Node or owner pod
+is being looked up (``headroom.control.lookups``), while this process may not act
+(a leader whose Lease ran out), and while too many writes are in flight.
+
+Memory stays flat under a burst: the queue keeps only the fields a decision reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from headroom.api.constants import OWNER_LABEL
+from headroom.api.parse import InvalidValueError
+from headroom.api.reasons import Phase, Reason
+from headroom.control.lookups import Lookups, PodAnswer
+from headroom.control.state import POD, RESERVATION, Record, State
+from headroom.control.writer import StatusWriter
+from headroom.kube.clock import Clock
+from headroom.kube.transport import JSON
+from headroom.ledger import Entry
+from headroom.objects.reservations import (
+    decision_essentials,
+    heartbeat_value,
+    reservation_entry,
+    reservation_id,
+    spec_targets,
+)
+from headroom.objects.status import Decision
+
+log = logging.getLogger(__name__)
+_NOT_LEADER_PAUSE = 0.1
+
+
+@dataclass(slots=True)
+class Pending:
+    uid: str
+    namespace: str
+    name: str
+    obj: JSON
+    order: tuple[str, int]
+    seen: float  # monotonic time the operator first saw it
+
+
+class Admission:
+    def __init__(
+        self,
+        state: State,
+        writer: StatusWriter,
+        lookups: Lookups,
+        clock: Clock,
+        *,
+        run_id: str,
+        may_act: Callable[[], bool],
+    ) -> None:
+        self._state, self._writer, self._lookups, self._clock = state, writer, lookups, clock
+        self._may_act = may_act
+        self._queue: dict[str, Pending] = {}
+        self._wake = asyncio.Event()
+        self._sequence = itertools.count()
+        self._decisions = itertools.count(1)
+        self.run_id = run_id
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __contains__(self, uid: str) -> bool:
+        return uid in self._queue
+
+    def submit(self, obj: JSON) -> None:
+        """Queue an undecided reservation (idempotent: a uid is queued once)."""
+        obj = decision_essentials(obj)
+        metadata = obj["metadata"]
+        uid = metadata["uid"]
+        if uid in self._queue:
+            self._queue[uid].obj = obj  # newest body, e.g. a heartbeat annotation
+            return
+        order = (metadata.get("creationTimestamp", ""), next(self._sequence))
+        self._queue[uid] = Pending(
+            uid, metadata["namespace"], metadata["name"], obj, order, self._clock.monotonic()
+        )
+        self._wake.set()
+
+    def withdraw(self, uid: str) -> None:
+        self._queue.pop(uid, None)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Decide forever (a supervised task)."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            for pending in sorted(self._queue.values(), key=lambda p: p.order):
+                await self._writer.room()  # between decisions: the ledger is consistent
+                while not self._may_act():  # noqa: ASYNC110 - a Lease runs out by the clock
+                    await asyncio.sleep(_NOT_LEADER_PAUSE)  # a leader out of time decides nothing
+                if self._queue.get(pending.uid) is not pending:  # withdrawn while waiting
+                    continue
+                if not self._ready(pending):
+                    continue  # a lookup is under way; its answer wakes us
+                del self._queue[pending.uid]
+                try:
+                    self._decide(pending)
+                except Exception as error:  # one reservation must not stop the others
+                    log.exception("deciding %s/%s failed", pending.namespace, pending.name)
+                    self._refuse(pending, Reason.INVALID_SPEC, f"could not be decided: {error}")
+
+    def _ready(self, pending: Pending) -> bool:
+        node, pod = spec_targets(pending.obj)
+        if node is not None and not self._lookups.node_ready(node, pending.seen):
+            return False
+        return (
+            pod is None or self._lookups.owner_pod(pending.namespace, pod, pending.seen) is not None
+        )
+
+    def _decide(self, pending: Pending) -> None:
+        """Decide one reservation and hand it to the writer. No await in here."""
+        state, now = self._state, self._clock.now()
+        try:
+            entry = reservation_entry(pending.obj, now)
+        except InvalidValueError as error:
+            self._refuse(pending, Reason.INVALID_SPEC, str(error))
+            return
+        if entry.owner.pod is not None:
+            answer = self._lookups.owner_pod(pending.namespace, entry.owner.pod, pending.seen)
+            if answer is PodAnswer.MISSING:
+                self._refuse(
+                    pending,
+                    Reason.OWNER_POD_NOT_FOUND,
+                    f"spec.owner.pod: pod {entry.owner.pod} not found in namespace "
+                    f"{pending.namespace}",
+                )
+                return
+            if answer is PodAnswer.UNLABELLED:
+                self._refuse(
+                    pending,
+                    Reason.OWNER_POD_NOT_LABELLED,
+                    f"spec.owner.pod: pod {entry.owner.pod} lacks the label "
+                    f"{OWNER_LABEL}=true, so its heartbeats and its deletion cannot be followed",
+                )
+                return
+        namesake = state.held_record(entry.id)
+        if namesake is not None and namesake.uid != pending.uid:
+            state.forget(namesake.uid)  # deleted and re-created while a DELETED event was lost
+        verdict = state.ledger.reserve(entry, now)
+        phase = Phase.ADMITTED if verdict.admitted else Phase.REJECTED
+        record = self._record(pending, phase, verdict.reason, verdict.message, entry)
+        state.remember(record)
+        self._writer.ensure(record.uid)
+
+    def _refuse(self, pending: Pending, reason: Reason, message: str) -> None:
+        """Rejected without touching the ledger (the spec or its owner pod is unusable)."""
+        state = self._state
+        held = state.held_record(reservation_id(pending.namespace, pending.name))
+        if held is not None and held.uid == pending.uid:  # reserved, then failed: undo it
+            state.forget(pending.uid)
+        record = self._record(pending, Phase.REJECTED, reason, message[:1024], None)
+        state.remember(record)
+        self._writer.ensure(record.uid)
+
+    def _record(
+        self, pending: Pending, phase: Phase, reason: Reason, message: str, entry: Entry | None
+    ) -> Record:
+        decision_id = f"{self.run_id}-{next(self._decisions)}"
+        generation = pending.obj["metadata"].get("generation")
+        decision = Decision(
+            phase=phase,
+            reason=reason,
+            message=message,
+            at=self._clock.now(),
+            decision_id=decision_id,
+            stamp=self._state.stamper.sign(pending.uid, decision_id, str(phase)),
+            generation=generation if isinstance(generation, int) else None,
+        )
+        pod = entry.owner.pod if entry is not None else None
+        try:
+            beat = heartbeat_value(pending.obj)
+        except InvalidValueError:
+            beat = None
+        beats: dict[str, str | None] = {RESERVATION: beat}
+        if pod is not None:
+            beats[POD] = self._state.pods.get((pending.namespace, pod))
+        return Record(
+            uid=pending.uid,
+            namespace=pending.namespace,
+            name=pending.name,
+            node=entry.node if entry is not None else "",
+            decision=decision,
+            pod=pod if phase == Phase.ADMITTED else None,
+            beats=beats,
+            seen_at=self._clock.monotonic(),
+            seen_monotonic=pending.seen,
+        )

@@ -1,0 +1,236 @@
+"""Reclaim: the sweeper, the check before a stale reclaim, and deletion after retention.
+
+One sweeper task serves every reservation, instead of a kopf timer per object:
+kopf timers put a finalizer on each object (so deletion would wait for the
+operator) and cost a task each, while the ledger already keeps a time-ordered
+index that says when the next entry can go stale or expire. The sweeper sleeps
+until then (or one sweep period, whichever is first) and is woken early when a
+decision brings a nearer deadline.
+
+Liveness is timed by the operator's own observations (the rule is in the
+README): a reservation's stale clock starts at its admission, a heartbeat counts
+when the operator sees a new annotation value, and after a start every restored
+reservation counts as seen alive at that moment — so nothing is reclaimed as
+stale before one full window has passed since the operator began watching.
+
+Expiry is exact and reclaimed at once. Staleness is *checked* first: the sweeper
+reads the Reservation and its owner pod from the API, and a heartbeat value it
+had not seen (a watch event it missed or has not received yet) spares the
+reservation. Only a silence confirmed by the API server costs a reservation; if
+the API cannot be asked, the reservation is kept and asked about again shortly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import random
+from collections.abc import Callable, Coroutine
+from datetime import datetime, timedelta
+from typing import Any
+
+from headroom.api.config import OperatorConfig
+from headroom.api.parse import InvalidValueError
+from headroom.api.paths import pod_path, reservation_path
+from headroom.api.reasons import Phase, Reason
+from headroom.control.state import POD, RESERVATION, Record, State
+from headroom.control.telemetry import Telemetry
+from headroom.control.writer import StatusWriter
+from headroom.kube.backoff import Backoff
+from headroom.kube.clock import Clock
+from headroom.kube.transport import ApiError, ApiUnavailableError, Transport
+from headroom.objects.reservations import heartbeat_value
+from headroom.objects.status import Decision
+
+log = logging.getLogger(__name__)
+_MIN_SLEEP = 0.05
+_RECHECK = timedelta(seconds=2)  # a stale reservation the API could not confirm: asked again
+
+
+class Reclaimer:
+    def __init__(
+        self,
+        state: State,
+        transport: Transport,
+        writer: StatusWriter,
+        clock: Clock,
+        telemetry: Telemetry,
+        config: OperatorConfig,
+        *,
+        may_act: Callable[[], bool],
+        observe: Callable[[Record, str, str | None], None],
+        on_gone: Callable[[str], None],
+        rng: random.Random,
+    ) -> None:
+        self._state, self._transport, self._writer = state, transport, writer
+        self._clock, self._telemetry, self._config, self._rng = clock, telemetry, config, rng
+        self._may_act, self._observe, self._on_gone = may_act, observe, on_gone
+        self._wake = asyncio.Event()
+        self._planned: datetime | None = None
+        self._deletions: list[tuple[datetime, str, str, str]] = []  # (when, ns, name, uid)
+        self._checking: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- the sweeper -------------------------------------------------------------------------
+
+    def nearer_deadline(self) -> None:
+        """A decision or a heartbeat may have brought the next deadline nearer."""
+        deadline = self._state.ledger.next_deadline()
+        if deadline is not None and (self._planned is None or deadline < self._planned):
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Sweep forever (a supervised task)."""
+        while True:
+            try:
+                self.sweep(self._clock.now())
+            except Exception:  # the sweeper must outlive any single bad entry
+                log.exception("sweep failed; retrying next period")
+            now = self._clock.now()
+            candidates = [now + self._config.sweep_period]
+            if (deadline := self._state.ledger.next_deadline()) is not None:
+                candidates.append(deadline)
+            if self._deletions:
+                candidates.append(self._deletions[0][0])
+            self._planned = min(candidates)
+            delay = max((self._planned - now).total_seconds(), _MIN_SLEEP)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
+
+    def sweep(self, now: datetime) -> None:
+        """Reclaim what expired, check what went stale, delete what outlived retention."""
+        state = self._state
+        for due in state.ledger.due(now):
+            record = state.held_record(due.entry.id)
+            if record is None:  # cannot happen: every ledger entry has its record
+                log.error("ledger entry %s has no record; released", due.entry.id)
+                state.ledger.release(due.entry.id)
+            elif not self._may_act():
+                state.ledger.postpone(due.entry.id, now + _RECHECK)
+            elif due.reason == Reason.EXPIRED:
+                self.reclaim(record, Reason.EXPIRED, due.message)
+            elif record.uid not in self._checking:
+                self._checking.add(record.uid)
+                self._spawn(self._confirm_silence(record, due.message))
+        while self._deletions and self._deletions[0][0] <= now:
+            _, namespace, name, uid = heapq.heappop(self._deletions)
+            self._spawn(self._delete(namespace, name, uid))
+        state.dirty_nodes.update(state.ledger.nodes())  # stale counts change with time
+
+    async def _confirm_silence(self, record: Record, message: str) -> None:
+        """Reclaim as stale only if the API shows no heartbeat the operator has not seen."""
+        try:
+            alive = await self._heard_from(record)
+        finally:
+            self._checking.discard(record.uid)
+        state = self._state
+        if state.records.get(record.uid) is not record or not record.held:
+            return  # deleted, or reclaimed another way, while we asked
+        entry = state.ledger.get(record.entry_id)
+        if entry is None:
+            return
+        now = self._clock.now()
+        if not entry.is_stale(now, state.ledger.limits_for(entry.node).heartbeat_stale_window):
+            return  # a heartbeat (found just now, or seen meanwhile) spared it
+        if alive is None or not self._may_act():  # not confirmed: keep it, ask again soon
+            state.ledger.postpone(record.entry_id, now + _RECHECK)
+            return
+        self.reclaim(record, Reason.HEARTBEAT_STALE, message)
+
+    async def _heard_from(self, record: Record) -> bool | None:
+        """True if the Reservation or its owner pod shows a heartbeat value not yet seen
+        (it is counted now); False if neither does; None if the API could not be asked."""
+        try:
+            obj = await self._transport.get(reservation_path(record.namespace, record.name))
+        except ApiError as error:
+            if error.not_found:
+                self._on_gone(record.uid)
+                return False
+            return None
+        except ApiUnavailableError:
+            return None
+        if (obj.get("metadata") or {}).get("uid") != record.uid:
+            self._on_gone(record.uid)
+            return False
+        if self._new_value(record, RESERVATION, obj):
+            return True
+        if record.pod is None:
+            return False
+        try:
+            pod = await self._transport.get(pod_path(record.namespace, record.pod))
+        except ApiError as error:
+            if error.not_found:  # the owner is gone, whether or not a watch said so
+                if self._state.records.get(record.uid) is record and record.held:
+                    self.reclaim(
+                        record, Reason.OWNER_POD_DELETED, f"owner pod {record.pod} is gone"
+                    )
+                return False
+            return None
+        except ApiUnavailableError:
+            return None
+        return self._new_value(record, POD, pod)
+
+    def _new_value(self, record: Record, source: str, obj: dict[str, Any]) -> bool:
+        try:
+            value = heartbeat_value(obj)
+        except InvalidValueError:
+            return False
+        if value is None or value == record.beats.get(source):
+            return False
+        self._observe(record, source, value)
+        return True
+
+    def reclaim(self, record: Record, reason: Reason, message: str) -> None:
+        """Take an admitted reservation's capacity back; its status says why."""
+        state, now = self._state, self._clock.now()
+        if not record.held or state.holders.get(record.entry_id) != record.uid:
+            return
+        state.ledger.reclaim_entry(record.entry_id)
+        state.unhold(record)
+        record.decision = Decision(Phase.RECLAIMED, reason, message, now)
+        record.confirmed = False
+        record.announced = False
+        self._telemetry.reclaimed(str(reason))
+        self._writer.ensure(record.uid)
+
+    # -- deletion after retention --------------------------------------------------------------
+
+    def schedule_deletion(
+        self, namespace: str, name: str, uid: str, reclaimed_at: datetime
+    ) -> None:
+        when = reclaimed_at + self._config.reclaimed_retention
+        heapq.heappush(self._deletions, (when, namespace, name, uid))
+        if self._planned is None or when < self._planned:
+            self._wake.set()
+
+    async def _delete(self, namespace: str, name: str, uid: str) -> None:
+        backoff = Backoff(base=0.2, cap=10.0, rng=self._rng)
+        for _ in range(5):
+            try:
+                await self._transport.delete(reservation_path(namespace, name), uid=uid)
+                return
+            except ApiError as error:
+                if error.not_found or error.conflict:  # gone, or a namesake now
+                    return
+                if not error.retriable:
+                    log.warning("reclaimed %s/%s not deleted: %s", namespace, name, error)
+                    return
+            except ApiUnavailableError:
+                pass
+            await asyncio.sleep(backoff.next())
+        log.warning("reclaimed %s/%s not deleted; the next start tries again", namespace, name)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)

@@ -1,0 +1,156 @@
+"""NodeHeadroom: one per Node, written from the ledger, coalesced.
+
+Decisions only mark a node dirty; a flusher writes each dirty node's NodeHeadroom
+at most once per ``summaryInterval`` and only when its figures changed, so a
+burst of 1,000 admissions on one node costs one or two writes, not 1,000. Each
+node's summary is built on its own: one that cannot be built (a figure past its
+bound) is skipped with a Warning Event on its Node, and the others are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime
+
+from headroom.api.config import OperatorConfig
+from headroom.api.constants import API_VERSION
+from headroom.api.paths import NODE_HEADROOMS, node_headroom_path
+from headroom.api.refs import ObjectRef
+from headroom.control.state import State
+from headroom.kube.clock import Clock
+from headroom.kube.events import EventRecorder
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
+from headroom.objects.status import timestamp
+from headroom.objects.summary import headroom_status
+
+log = logging.getLogger(__name__)
+
+
+class Summaries:
+    def __init__(
+        self,
+        state: State,
+        transport: Transport,
+        events: EventRecorder,
+        clock: Clock,
+        config: OperatorConfig,
+    ) -> None:
+        self._state, self._transport, self._events = state, transport, events
+        self._clock, self._config = clock, config
+        self._written: dict[str, JSON] = {}
+        self._unbuildable: dict[str, str] = {}  # node -> why its summary could not be built
+
+    async def run(self) -> None:
+        """Flush forever (a supervised task)."""
+        interval = self._config.summary_interval.total_seconds()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("summary flush failed; retrying next interval")
+
+    async def flush(self) -> None:
+        """Write every dirty node's NodeHeadroom whose figures changed."""
+        state, now = self._state, self._clock.now()
+        dirty, state.dirty_nodes = state.dirty_nodes, set()
+        writes = []
+        for node in sorted(dirty):  # sorted: the simulation replays the same order
+            if node not in state.node_uids:
+                continue  # no Node object (yet): nothing to own the summary
+            try:
+                status = headroom_status(state.ledger, node, now)
+            except Exception as error:
+                self._unbuildable_summary(node, error)
+                continue
+            self._unbuildable.pop(node, None)
+            if self._written.get(node) == status:
+                continue
+            writes.append(self._write(node, status, now))
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                log.warning("NodeHeadroom write failed: %s", result)
+
+    def _unbuildable_summary(self, node: str, error: Exception) -> None:
+        message = f"NodeHeadroom {node} not updated: {error}"[:1024]
+        if self._unbuildable.get(node) != message:  # one Event per distinct problem
+            self._unbuildable[node] = message
+            log.warning("%s", message)
+            self._events.record(
+                ObjectRef("v1", "Node", node, self._state.node_uids.get(node, "")),
+                "SummaryNotWritten",
+                message,
+                "Warning",
+            )
+
+    async def _write(self, node: str, status: JSON, now: datetime) -> None:
+        body = {"status": {**status, "updatedAt": timestamp(now)}}
+        path = node_headroom_path(node, "status")
+        try:
+            try:
+                await self._transport.merge_patch(path, body)
+            except ApiError as error:
+                if not error.not_found:
+                    raise
+                await self._create(node)
+                await self._transport.merge_patch(path, body)
+        except (ApiError, ApiUnavailableError):
+            self._state.dirty_nodes.add(node)  # written at the next flush
+            raise
+        self._written[node] = status
+
+    async def _create(self, node: str) -> None:
+        owner = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": node,
+            "uid": self._state.node_uids[node],
+        }
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "NodeHeadroom",
+            "metadata": {"name": node, "ownerReferences": [owner]},
+        }
+        try:
+            await self._transport.create(NODE_HEADROOMS, body)
+        except ApiError as error:
+            if not error.conflict:
+                raise
+
+    async def delete(self, node: str) -> None:
+        """A Node went away: its NodeHeadroom goes too (no garbage collector is assumed)."""
+        self._written.pop(node, None)
+        try:
+            await self._transport.delete(node_headroom_path(node))
+        except (ApiError, ApiUnavailableError) as error:
+            log.debug("NodeHeadroom %s not deleted now (%s); the resync tries again", node, error)
+
+    async def delete_orphans(self) -> None:
+        """Delete NodeHeadrooms whose Node is gone or was replaced (a new uid).
+
+        The DELETED event of a Node removed while the operator was down is never
+        seen, and clusters without a garbage collector run (or a slow one) keep its
+        NodeHeadroom; this catches them at start-up and at every resync.
+        """
+        items, _ = await list_all(self._transport, NODE_HEADROOMS)
+        for item in items:
+            meta = item.get("metadata") or {}
+            name, uid = meta.get("name", ""), meta.get("uid", "")
+            node_uid = self._state.node_uids.get(name)
+            owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
+            if node_uid is not None and node_uid in owners:
+                continue
+            log.info("NodeHeadroom %s has no Node (or an older one's); deleted", name)
+            self._written.pop(name, None)
+            if node_uid is not None:
+                self._state.dirty_nodes.add(name)  # written again for the Node that is there
+            try:
+                await self._transport.delete(node_headroom_path(name), uid=uid)
+            except ApiError as error:
+                if not (error.not_found or error.conflict):
+                    raise
+
+    def forget_written(self) -> None:
+        self._written.clear()

@@ -1,0 +1,33 @@
+"""What the control code reports, kept free of any metrics library.
+
+The Prometheus implementation lives in ``headroom.serving.metrics``; the
+simulation uses :class:`NoTelemetry`. Figures the ledger already keeps (reserved
+MiB, active entries…) are not reported here: they are read from it at scrape time.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Telemetry(Protocol):
+    def decision_written(self, phase: str, seconds_since_seen: float) -> None:
+        """A decision reached the object's status (latency from first sight)."""
+        ...
+
+    def reclaimed(self, reason: str) -> None: ...
+
+    def status_write_failed(self) -> None:
+        """A status write was refused or unanswered and will be tried again (or given up)."""
+        ...
+
+
+class NoTelemetry:
+    def decision_written(self, phase: str, seconds_since_seen: float) -> None:
+        pass
+
+    def reclaimed(self, reason: str) -> None:
+        pass
+
+    def status_write_failed(self) -> None:
+        pass

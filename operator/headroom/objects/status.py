@@ -1,0 +1,137 @@
+"""Status bodies, and the JSON patches that write them.
+
+A decision is a small record (phase, reason, message, when, decision id, stamp);
+these functions turn it into the ``status`` a Reservation carries, the same way
+every time, so that writing it again after a lost answer is idempotent.
+
+Every status patch first tests ``metadata.uid``: a write meant for one
+incarnation of a Reservation can never land on a namesake that was created
+after it was deleted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from headroom.api.constants import API_VERSION
+from headroom.api.reasons import Phase, Reason
+from headroom.api.refs import ObjectRef
+
+JSON = dict[str, Any]
+
+
+def timestamp(moment: datetime) -> str:
+    """RFC 3339 with a Z, second precision as Kubernetes writes it."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def precise(moment: datetime) -> str:
+    """RFC 3339 with microseconds: for heartbeats, where seconds are too coarse."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def reservation_ref(namespace: str, name: str, uid: str) -> ObjectRef:
+    return ObjectRef(API_VERSION, "Reservation", name, uid, namespace)
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the operator decided about one Reservation: what its status must say."""
+
+    phase: Phase
+    reason: Reason
+    message: str
+    at: datetime  # admittedAt / reclaimedAt / the condition's transition time
+    decision_id: str = ""
+    stamp: str | None = None
+    generation: int | None = None
+
+    def matches(self, status: JSON) -> bool:
+        """Whether an object's status already carries this decision."""
+        if status.get("phase") != self.phase:
+            return False
+        return self.phase == Phase.RECLAIMED or status.get("decisionID") == self.decision_id
+
+
+def admitted_condition(decision: Decision) -> JSON:
+    condition: JSON = {
+        "type": "Admitted",
+        "status": "True" if decision.phase == Phase.ADMITTED else "False",
+        "reason": str(decision.reason),
+        "message": decision.message,
+        "lastTransitionTime": timestamp(decision.at),
+    }
+    if decision.generation is not None:
+        condition["observedGeneration"] = decision.generation
+    return condition
+
+
+def status_body(decision: Decision, last_heartbeat: datetime | None = None) -> JSON:
+    """The whole ``status`` for a decision (replaces what was there)."""
+    status: JSON = {
+        "phase": str(decision.phase),
+        "reason": str(decision.reason),
+        "message": decision.message,
+        "conditions": [admitted_condition(decision)],
+    }
+    if decision.phase != Phase.RECLAIMED:
+        status["decisionID"] = decision.decision_id
+        if decision.stamp:
+            status["decisionStamp"] = decision.stamp
+    if decision.generation is not None:
+        status["observedGeneration"] = decision.generation
+    if decision.phase == Phase.ADMITTED:
+        status["admittedAt"] = timestamp(decision.at)
+        if last_heartbeat is not None:
+            status["lastHeartbeat"] = precise(last_heartbeat)
+    elif decision.phase == Phase.RECLAIMED:
+        status["reclaimedAt"] = timestamp(decision.at)
+    return status
+
+
+def replace_status(uid: str, status: JSON) -> list[JSON]:
+    """Replace ``status`` of exactly this incarnation (uid) of the Reservation."""
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "add", "path": "/status", "value": status},
+    ]
+
+
+def set_heartbeat(uid: str, decision_id: str, at: datetime) -> list[JSON]:
+    """Record ``lastHeartbeat`` while the status still carries this admission."""
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": "/status/decisionID", "value": decision_id},
+        {"op": "add", "path": "/status/lastHeartbeat", "value": precise(at)},
+    ]
+
+
+def set_stamp(uid: str, phase: str, decision_id: str, stamp: str) -> list[JSON]:
+    """Stamp an existing decision again (a new decision key), only if it is still that phase."""
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": "/status/phase", "value": phase},
+        {"op": "add", "path": "/status/decisionID", "value": decision_id},
+        {"op": "add", "path": "/status/decisionStamp", "value": stamp},
+    ]
+
+
+def decision_of(status: JSON, at: datetime) -> Decision | None:
+    """The decision a status carries (read back at rebuild), or None if it has none."""
+    try:
+        phase = Phase(str(status.get("phase")))
+        reason = Reason(str(status.get("reason")))
+    except ValueError:
+        return None
+    generation = status.get("observedGeneration")
+    return Decision(
+        phase=phase,
+        reason=reason,
+        message=str(status.get("message") or "")[:4096],
+        at=at,
+        decision_id=str(status.get("decisionID") or ""),
+        stamp=status.get("decisionStamp"),
+        generation=generation if isinstance(generation, int) else None,
+    )

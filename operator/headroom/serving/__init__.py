@@ -1,0 +1,1 @@
+"""Serving: the operator's HTTP endpoint (probes) and its Prometheus metrics."""

@@ -1,0 +1,220 @@
+"""Level-triggered reconcile against the real API server, with the network misbehaving.
+
+The controller runs in-process against the real kube-apiserver; between them a
+:class:`FaultyTransport` refuses or loses chosen calls (issue 11, items 3, 4
+and 10). Whatever the failures, each object must end up carrying the ledger's
+truth, and nothing is retried in a tight loop forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from headroom.api.config import OperatorConfig, parse_config
+from headroom.control.controller import Controller
+from headroom.control.supervisor import Supervisor
+from headroom.kube.client import Credentials, KubeClient
+from headroom_dev import reservations as rsv
+from headroom_dev.controlplane import ControlPlane
+from headroom_dev.faults import FaultyTransport, Rule
+from headroom_dev.invariants import History
+
+CONFIG = """
+limits: {heartbeatStaleWindow: 30s}
+sweepPeriod: 100ms
+summaryInterval: 100ms
+resyncPeriod: 1h
+"""
+
+
+@pytest.fixture
+async def transport(control_plane: ControlPlane, crds: list[str]) -> AsyncIterator[FaultyTransport]:
+    pki = control_plane.pki
+    kube = KubeClient(
+        Credentials(
+            server=control_plane.url,
+            ca_file=str(pki / "ca.crt"),
+            cert_file=str(pki / "admin.crt"),
+            key_file=str(pki / "admin.key"),
+        )
+    )
+    yield FaultyTransport(kube)
+    await kube.close()
+
+
+@pytest.fixture
+async def start(
+    transport: FaultyTransport,
+) -> AsyncIterator[Callable[..., Any]]:
+    started: list[Controller] = []
+
+    async def run(config: OperatorConfig | None = None, **kwargs: Any) -> Controller:
+        controller = Controller(config or parse_config(CONFIG), transport, **kwargs)
+        started.append(controller)
+        await controller.start()
+        return controller
+
+    yield run
+    for controller in started:
+        await controller.stop()
+
+
+@pytest.fixture
+def history(custom: client.CustomObjectsApi) -> AsyncIterator[History]:
+    watcher = History(custom)
+    watcher.start()
+    yield watcher  # type: ignore[misc]
+    watcher.stop()
+
+
+async def eventually(check: Callable[[], bool], within: float = 20, what: str = "") -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within {within}s: {what}")
+
+
+async def status_of(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
+    return dict((await asyncio.to_thread(rsv.get, custom, namespace, name)).get("status") or {})
+
+
+def soon(seconds: float) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def test_a_reservation_reclaimed_while_its_admission_backs_off_is_never_admitted(
+    start: Callable[..., Any],
+    transport: FaultyTransport,
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    history: History,
+) -> None:
+    """Issue 11, item 3: every attempt writes the ledger's truth *now*."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="5Gi")
+    controller = await start()
+    refusing = transport.add(Rule("PATCH", f"/{namespace}/reservations/brief/status", "refuse-503"))
+    created = await asyncio.to_thread(
+        rsv.create, custom, namespace, "brief", node, 1024, expiresAt=soon(4)
+    )
+    uid = created["metadata"]["uid"]
+    await eventually(lambda: uid in controller.state.holders.values(), what="admitted in memory")
+    await eventually(
+        lambda: not controller.state.holders, within=10, what="reclaimed at its expiry"
+    )
+    assert transport.calls_to("PATCH", "/reservations/brief/status") >= 2  # it did back off
+    refusing.times = 0  # the API server answers again
+    await eventually(lambda: controller.state.records[uid].confirmed, what="status written")
+    status = await status_of(custom, namespace, "brief")
+    assert (status["phase"], status["reason"]) == ("Reclaimed", "Expired"), status
+    await asyncio.sleep(0.5)
+    assert [phase for phase, _ in history.seen[uid]] == ["Reclaimed"], history.seen[uid]
+
+
+async def test_a_reclaim_whose_writes_keep_failing_is_written_in_the_end(
+    start: Callable[..., Any],
+    transport: FaultyTransport,
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """Issue 11, item 4: five failures used to drop the reclaim; the object stayed Admitted."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="5Gi")
+    controller = await start()
+    await asyncio.to_thread(rsv.create, custom, namespace, "retried", node, 1024, expiresAt=soon(2))
+    assert (await asyncio.to_thread(rsv.wait_for, custom, namespace, "retried"))["status"][
+        "phase"
+    ] == "Admitted"
+    transport.add(Rule("PATCH", "/reservations/retried/status", "unavailable", times=6))
+    status = await asyncio.to_thread(rsv.wait_for, custom, namespace, "retried", ("Reclaimed",), 30)
+    assert status["status"]["reason"] == "Expired"
+    assert transport.calls_to("PATCH", "/reservations/retried/status") >= 7
+
+    # A reclaim refused outright (403) is not retried in a loop, and the resync repairs it.
+    await asyncio.to_thread(rsv.create, custom, namespace, "refused", node, 1024, expiresAt=soon(2))
+    await asyncio.to_thread(rsv.wait_for, custom, namespace, "refused")
+    forbidden = transport.add(Rule("PATCH", "/reservations/refused/status", "refuse-403"))
+    await eventually(lambda: not controller.state.holders, within=10, what="reclaimed in memory")
+    await asyncio.sleep(2)
+    attempts = transport.calls_to("PATCH", "/reservations/refused/status")
+    assert attempts <= 3, f"{attempts} attempts in 2 s: a refusal is not retried in a loop"
+    assert (await status_of(custom, namespace, "refused"))["phase"] == "Admitted"
+    forbidden.times = 0
+    await controller.resync()
+    await eventually(lambda: not any(not r.confirmed for r in controller.state.records.values()))
+    assert (await status_of(custom, namespace, "refused"))["phase"] == "Reclaimed"
+
+
+async def test_a_refused_admission_is_rolled_back_and_decided_again_by_the_resync(
+    start: Callable[..., Any],
+    transport: FaultyTransport,
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """Issue 11, item 10: a permanent 4xx was retried every 0.5 s forever."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="5Gi")  # limit 4096
+    controller = await start()
+    forbidden = transport.add(Rule("PATCH", "/reservations/blocked/status", "refuse-403"))
+    await asyncio.to_thread(rsv.create, custom, namespace, "blocked", node, 4096)
+    await eventually(
+        lambda: transport.calls_to("PATCH", "/reservations/blocked/status") >= 1, what="tried"
+    )
+    await asyncio.sleep(2)
+    assert transport.calls_to("PATCH", "/reservations/blocked/status") == 1
+    assert controller.state.ledger.allocatable_ram(node) == 4096  # rolled back: nothing held
+    assert not (await status_of(custom, namespace, "blocked")).get("phase")
+    forbidden.times = 0
+    await controller.resync()
+    status = await asyncio.to_thread(rsv.wait_for, custom, namespace, "blocked")
+    assert status["status"]["phase"] == "Admitted"
+
+
+async def test_a_lost_deleted_event_is_forgotten_by_the_resync(
+    start: Callable[..., Any],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """Issue 11, item 10: a rejected uid was pruned only by DELETED events."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="5Gi")
+    controller = await start(follow_watches=False)  # the test plays the watch, and loses one
+    created = await asyncio.to_thread(rsv.create, custom, namespace, "too-big", node, 9999)
+    controller.on_reservation("ADDED", created)
+    status = await asyncio.to_thread(rsv.wait_for, custom, namespace, "too-big")
+    assert status["status"]["phase"] == "Rejected"
+    uid = created["metadata"]["uid"]
+    assert uid in controller.state.records
+    await asyncio.to_thread(rsv.delete, custom, namespace, "too-big")  # DELETED withheld
+    await controller.resync()
+    assert uid not in controller.state.records
+
+
+async def test_a_task_that_dies_fails_healthz_and_stops_the_operator(
+    start: Callable[..., Any],
+) -> None:
+    """Issue 11, item 10: a dead task used to leave an operator that answered ok."""
+    reasons: list[str] = []
+    supervisor = Supervisor(on_failure=reasons.append)
+    controller = await start(supervisor=supervisor)
+    assert supervisor.healthy
+    sweeper = next(t for t in asyncio.all_tasks() if t.get_name() == "sweeper")
+    sweeper.cancel()
+    await eventually(lambda: bool(reasons), what="on_failure called")
+    assert not supervisor.healthy
+    assert "sweeper" in reasons[0]
+    assert controller.supervisor.failure == reasons[0]
