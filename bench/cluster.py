@@ -10,6 +10,10 @@ noisy, ratios are comparable across runs, absolute rates are not.
 Clean-ups (after each B0, B1 and B2 run, after B3 and after B4) delete object by
 object and return only when nothing is left, whatever it takes; see
 :meth:`Bench.clean` for why that way and for the bound after which one fails.
+Every wait prints where it stands every 10 s, and fails with what it saw after a
+bound, or as soon as the operator it waits for has exited: nothing waits forever
+in silence. One request that meets a timeout or a dropped connection is tried
+again (:func:`persist`) instead of ending a run of tens of thousands of them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RSV = resource_path("headroom.dev", "v1alpha1", "reservations")
 JSON = dict[str, Any]
 
-PROGRESS_S = 10.0  # a clean-up says where it stands this often
+PROGRESS_S = 10.0  # a waiting loop or a clean-up says where it stands this often
+ATTEMPTS = 5  # tries of one request that fails transiently (1, 2, 4, 8 s apart)
 CLEAN_PAGE = 500  # names listed per pass of a clean-up
 CLEAN_IN_FLIGHT = 16  # DELETEs in flight during a clean-up
 CLEAN_BOUND_BASE_S = 60.0  # a clean-up fails after this
@@ -86,6 +91,25 @@ def transient(error: BaseException) -> bool:
     return isinstance(error, TimeoutError | aiohttp.ClientError)
 
 
+async def persist(call: Callable[[], Awaitable[JSON]], what: str, *, landed: int = 0) -> JSON:
+    """``call()``, tried again after a transient failure (up to 5 tries), with a line
+    saying so. ``landed``: the status that, on a later try, means an earlier try
+    that timed out did take effect (409 for a create); the answer is then ``{}``."""
+    delay = 1.0
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return await call()
+        except Exception as error:
+            if attempt > 1 and isinstance(error, ApiError) and error.status == landed:
+                return {}
+            if not transient(error) or attempt == ATTEMPTS:
+                raise
+            say(f"{what}: {error!r}; try {attempt + 1} of {ATTEMPTS} in {delay:.0f} s")
+        await asyncio.sleep(delay)
+        delay *= 2
+    raise AssertionError("unreachable")
+
+
 @contextlib.asynccontextmanager
 async def every(seconds: float, message: Callable[[], str]) -> AsyncIterator[None]:
     """Print ``message()`` every ``seconds`` while the body runs."""
@@ -104,6 +128,46 @@ async def every(seconds: float, message: Callable[[], str]) -> AsyncIterator[Non
             await task
 
 
+def check_alive(operator: OperatorProcess | None) -> None:
+    if operator is not None and operator.popen is not None and operator.popen.poll() is not None:
+        raise RuntimeError(
+            f"the operator exited ({operator.popen.returncode}); its log ends:\n{operator.tail()}"
+        )
+
+
+async def until(
+    what: str,
+    check: Callable[[], Awaitable[tuple[bool, str]]],
+    *,
+    within: float,
+    period: float,
+    operator: OperatorProcess | None = None,
+) -> float:
+    """Await ``check()`` every ``period`` s until it answers ``(True, _)``; return
+    ``time.monotonic()`` right after that answer, as the loops this replaces did.
+
+    Its second value says where things stand: printed every 10 s and in the error
+    raised after ``within`` s, or as soon as ``operator`` has exited. A check that
+    fails transiently counts as "not yet".
+    """
+    start = time.monotonic()
+    detail = "not checked yet"
+    async with every(PROGRESS_S, lambda: f"{what}: {detail} ({time.monotonic() - start:.0f} s)"):
+        while True:
+            try:
+                done, detail = await check()
+            except Exception as error:
+                if not transient(error):
+                    raise
+                done, detail = False, f"{detail}; last check failed: {error!r}"
+            if done:
+                return time.monotonic()
+            check_alive(operator)
+            if time.monotonic() - start > within:
+                raise TimeoutError(f"{what}: not done after {within:.0f} s: {detail}")
+            await asyncio.sleep(period)
+
+
 class Bench:
     def __init__(self, plane: ControlPlane, workdir: Path, quick: bool) -> None:
         self.plane, self.workdir, self.quick = plane, workdir, quick
@@ -120,7 +184,8 @@ class Bench:
     async def namespace(self, client: KubeClient) -> str:
         self.namespaces += 1
         name = f"bench-{self.namespaces}"
-        await client.create("/api/v1/namespaces", {"metadata": {"name": name}})
+        body = {"metadata": {"name": name}}
+        await persist(lambda: client.create("/api/v1/namespaces", body), name, landed=409)
         return name
 
     def operator(self, config: dict[str, Any] | None = None) -> OperatorProcess:
@@ -137,31 +202,40 @@ class Bench:
         prefix: str = "r",
     ) -> list[float]:
         started: list[float] = [0.0] * count
+        created = 0
 
         async def one(i: int) -> None:
+            nonlocal created
             started[i] = time.monotonic()
-            await client.create(
-                ns_path(namespace), body(f"{prefix}{i:05d}", self.nodes[i % len(self.nodes)], ram)
-            )
+            name = f"{prefix}{i:05d}"
+            rsv = body(name, self.nodes[i % len(self.nodes)], ram)
+            await persist(lambda: client.create(ns_path(namespace), rsv), name, landed=409)
+            created += 1
 
-        await bounded([one(i) for i in range(count)], concurrency)
+        async with every(PROGRESS_S, lambda: f"{namespace}: {created:,} of {count:,} created"):
+            await bounded([one(i) for i in range(count)], concurrency)
         return started
 
     async def wait_decided(
-        self, client: KubeClient, namespace: str, count: int, within: float = 600
+        self,
+        client: KubeClient,
+        namespace: str,
+        count: int,
+        operator: OperatorProcess | None = None,
+        within: float = 600,
     ) -> float:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
+        async def check() -> tuple[bool, str]:
             items, _ = await client.list_all(ns_path(namespace))
             decided = sum(1 for i in items if (i.get("status") or {}).get("phase"))
-            if decided >= count:
-                return time.monotonic()
-            await asyncio.sleep(0.05)
-        raise TimeoutError(f"{namespace}: not all {count} decided")
+            return decided >= count, f"{decided:,} of {count:,} decided"
+
+        return await until(
+            f"{namespace}: decisions", check, within=within, period=0.05, operator=operator
+        )
 
     async def count(self, client: KubeClient, path: str) -> int:
         """How many objects ``path`` lists, from one LIST of one item."""
-        page = await client.request("GET", path, params={"limit": 1})
+        page = await persist(lambda: client.request("GET", path, params={"limit": 1}), "count")
         meta = page.get("metadata") or {}
         return len(page.get("items") or []) + int(meta.get("remainingItemCount") or 0)
 
@@ -257,8 +331,10 @@ class Bench:
 
         async def one(i: int) -> None:
             name = f"b0-{i:05d}"
-            await client.create(ns_path(namespace), body(name, self.nodes[i % len(self.nodes)], 1))
-            await client.merge_patch(ns_path(namespace, name, "status"), status)
+            rsv = body(name, self.nodes[i % len(self.nodes)], 1)
+            await persist(lambda: client.create(ns_path(namespace), rsv), name, landed=409)
+            path = ns_path(namespace, name, "status")
+            await persist(lambda: client.merge_patch(path, status), name)
 
         start = time.monotonic()
         await bounded([one(i) for i in range(count)], 64)
@@ -291,7 +367,7 @@ class Bench:
         ).start()
         namespace = await self.namespace(client)
         await self.create_many(client, namespace, count, 1, prefix="s")
-        await self.wait_decided(client, namespace, count)
+        await self.wait_decided(client, namespace, count, operator)
         items, _ = await client.list_all(ns_path(namespace))
         last_created = max(
             time.monotonic()
@@ -302,13 +378,21 @@ class Bench:
             for i in items
         )
         deadline = last_created + window
-        while True:
+
+        async def reclaimed() -> tuple[bool, str]:
             items, _ = await client.list_all(ns_path(namespace))
-            if all((i.get("status") or {}).get("phase") == "Reclaimed" for i in items):
-                break
-            await asyncio.sleep(0.1)
-        done = time.monotonic()
+            done = sum(1 for i in items if (i.get("status") or {}).get("phase") == "Reclaimed")
+            return done == len(items), f"{done:,} of {len(items):,} Reclaimed"
+
+        done = await until(
+            "B4: reclaim",
+            reclaimed,
+            within=window + sweep + 600,
+            period=0.1,
+            operator=operator,
+        )
         operator.stop()
+
         return {"reservations": count, "after_deadline_s": done - deadline, "sweep_period_s": sweep}
 
     @staticmethod
@@ -330,11 +414,18 @@ class Bench:
         names = [f"scale-{i:05d}" for i in range(nodes)]
         status = {"status": {"capacity": {"memory": "1Ti"}, "allocatable": {"memory": "1Ti"}}}
 
-        async def node(name: str) -> None:
-            await client.create("/api/v1/nodes", {"metadata": {"name": name}})
-            await client.merge_patch(f"/api/v1/nodes/{name}/status", status)
+        made = 0
 
-        await bounded([node(n) for n in names], 64)
+        async def node(name: str) -> None:
+            nonlocal made
+            meta = {"metadata": {"name": name}}
+            await persist(lambda: client.create("/api/v1/nodes", meta), name, landed=409)
+            path = f"/api/v1/nodes/{name}/status"
+            await persist(lambda: client.merge_patch(path, status), name)
+            made += 1
+
+        async with every(PROGRESS_S, lambda: f"B6: {made:,} of {nodes:,} Nodes created"):
+            await bounded([node(n) for n in names], 64)
         small_nodes, self.nodes = self.nodes, names
         # A day-long stale window: nothing here heartbeats, and filling takes minutes.
         operator = self.operator(
@@ -344,8 +435,14 @@ class Bench:
         start = time.monotonic()
         await self.create_many(client, namespace, reservations, 1, prefix="s")
         admitted = 'headroom_decisions_total{phase="Admitted"}'
-        while await self.metric(operator, admitted, 0) < reservations:  # noqa: ASYNC110
-            await asyncio.sleep(1)
+
+        async def check() -> tuple[bool, str]:
+            value = await self.metric(operator, admitted, 0)
+            return value >= reservations, f"{value:,.0f} of {reservations:,} admitted"
+
+        # Bound: 10 min plus 20 admissions/s at the least (50,000: 52 min).
+        within = 600 + 0.05 * reservations
+        await until("B6: fill", check, within=within, period=1, operator=operator)
         filled = time.monotonic() - start
         rates = [await self.b1_throughput(client, burst) for _ in range(1 if self.quick else 2)]
         assert operator.popen is not None
@@ -368,6 +465,10 @@ class Bench:
         created: dict[str, float] = {}
         decided: dict[str, float] = {}
         count = int(rate * seconds)
+
+        async def create(name: str, rsv: JSON) -> JSON:
+            return await persist(lambda: client.create(ns_path(namespace), rsv), name, landed=409)
+
         all_seen = asyncio.Event()
         watcher = asyncio.create_task(self._watch(namespace, version, decided, count, all_seen))
         creates = []
@@ -376,13 +477,8 @@ class Bench:
             await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
             name = f"l{i:05d}"
             created[name] = time.monotonic()
-            creates.append(
-                asyncio.ensure_future(
-                    client.create(
-                        ns_path(namespace), body(name, self.nodes[i % len(self.nodes)], 1)
-                    )
-                )
-            )
+            rsv = body(name, self.nodes[i % len(self.nodes)], 1)
+            creates.append(asyncio.ensure_future(create(name, rsv)))
         await asyncio.gather(*creates)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(all_seen.wait(), 60)
@@ -481,25 +577,34 @@ async def bench_b1_to_b4(
     namespace = await bench.namespace(client)
     operator = bench.operator(config).start()
     await bench.create_many(client, namespace, n3 // 2, 1, prefix="a")
-    await bench.wait_decided(client, namespace, n3 // 2)
+    await bench.wait_decided(client, namespace, n3 // 2, operator)
     operator.stop()
     await bench.create_many(client, namespace, n3 - n3 // 2, 1, prefix="p")
     start = time.monotonic()
     operator = bench.operator(config).start(wait_ready=False)
     operator.wait_ready(120)
     ready = time.monotonic() - start
-    await client.create(ns_path(namespace), body("first-new", bench.nodes[0], 1))
-    while True:
+    new = body("first-new", bench.nodes[0], 1)
+    await persist(lambda: client.create(ns_path(namespace), new), "first-new", landed=409)
+
+    async def first_decided() -> tuple[bool, str]:
         obj = await client.get(ns_path(namespace, "first-new"))
-        if (obj.get("status") or {}).get("phase"):
-            break
-        await asyncio.sleep(0.02)
-    first = time.monotonic() - start
-    await bench.wait_decided(client, namespace, n3 + 1)
+        phase = (obj.get("status") or {}).get("phase")
+        return bool(phase), f"phase {phase or '(none yet)'}"
+
+    end = await until(
+        "B3: first new reservation", first_decided, within=600, period=0.02, operator=operator
+    )
+    first = end - start
+    await bench.wait_decided(client, namespace, n3 + 1, operator)
     decided = time.monotonic() - start
+
     # Idle means idle: the decisions' Events are posted off the hot path and may lag.
-    while await bench.metric(operator, "headroom_events_queued", 1):  # noqa: ASYNC110
-        await asyncio.sleep(0.5)
+    async def events_posted() -> tuple[bool, str]:
+        queued = await bench.metric(operator, "headroom_events_queued", 1)
+        return not queued, f"{queued:,.0f} Events queued"
+
+    await until("B3: Events", events_posted, within=600, period=0.5, operator=operator)
     drained = time.monotonic() - start
     assert operator.popen is not None
     process = psutil.Process(operator.popen.pid)
