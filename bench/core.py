@@ -5,18 +5,24 @@ the two rates shows whether the cost depends on the size (it must not: the
 ledger keeps per-node aggregates instead of summing on each call).
 
     python bench/core.py [--pairs 200000] [--repeats 5] [--json PATH]
+
+Each row is printed, and the JSON file rewritten atomically, as soon as it is
+measured; if the second one raises, the file keeps the first plus an ``errors``
+entry and the exit status is 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
+import traceback
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from report import write_json
 
 from headroom.api.limits import Limits
 from headroom.ledger import Entry, Ledger, Owner
@@ -66,20 +72,35 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    small = measure(100, args.pairs, args.repeats)
-    large = measure(100_000, args.pairs, args.repeats)
-    ratio = small["median"] / large["median"]
-    print(f"{'active entries':>15} {'pairs/s (median)':>18} {'min':>10} {'max':>10}")
-    for row in (small, large):
+    result: dict[str, Any] = {"id": "B5"}
+    print(f"{'active entries':>15} {'pairs/s (median)':>18} {'min':>10} {'max':>10}", flush=True)
+    for key, active in (("small", 100), ("large", 100_000)):
+        try:
+            row = measure(active, args.pairs, args.repeats)
+        except Exception as error:
+            traceback.print_exc()
+            result["errors"] = [
+                {
+                    "phase": f"B5 at {active:,} entries",
+                    "exception": f"{type(error).__name__}: {error}",
+                    "traceback": traceback.format_exc(),
+                }
+            ]
+            if args.json:
+                write_json(args.json, result)
+            return 1
+        result[key] = row
         print(
             f"{row['active']:>15,} {row['median']:>18,.0f} {row['min']:>10,.0f} "
-            f"{row['max']:>10,.0f}"
+            f"{row['max']:>10,.0f}",
+            flush=True,
         )
+        if args.json:
+            write_json(args.json, result)
+    result["ratio"] = ratio = result["small"]["median"] / result["large"]["median"]
     print(f"ratio (100 / 100,000): {ratio:.2f}  (target ≤ 1.5; ≥ 200,000 pairs/s)")
-    result: dict[str, Any] = {"id": "B5", "small": small, "large": large, "ratio": ratio}
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     return 0
 
 

@@ -1,13 +1,23 @@
-"""The table ``bench/cluster.py`` prints: one row per benchmark that ran.
+"""What ``bench/cluster.py`` prints and saves: one row per benchmark, and the JSON file.
 
 Medians with their spread, because one figure from a shared, noisy machine says
-little on its own; the JSON file keeps every repeat.
+little on its own; the JSON file keeps every repeat. A run that failed half-way
+has only some figures, and a benchmark may have only some of its own (B3's
+ready time but not its idle CPU): every row shows what is there and nothing
+else, and a benchmark with nothing measured has no row.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+Row = tuple[str, str, str]
 
 
 def _spread(values: list[float], unit: str) -> str:
@@ -16,63 +26,113 @@ def _spread(values: list[float], unit: str) -> str:
     )
 
 
-def table(results: dict[str, Any]) -> str:
-    """The headline figures, one row per benchmark that ran."""
-    rows = [
-        (
-            "B0",
-            "API ceiling, creates+patches",
-            _spread(results["B0"]["creates_patches_per_s"], "/s"),
-        )
+def _parts(figures: dict[str, Any], *formats: tuple[str, str]) -> list[str]:
+    """``template.format(value)`` for each ``(key, template)`` whose key was measured."""
+    return [
+        template.format(figures[key]) for key, template in formats if figures.get(key) is not None
     ]
-    if "B1" in results:
-        b1 = results["B1"]
-        rows.append(
-            (
-                "B1",
-                "admissions",
-                f"{_spread(b1['admissions_per_s'], '/s')}; {b1['ratio_to_B0']:.2f} x B0",
-            )
-        )
-    if "B2" in results:
-        b2 = results["B2"]
-        rows.append(
-            (
-                "B2",
-                "create -> decision",
-                f"p50 {b2['p50_ms']:.1f} ms, p95 {b2['p95_ms']:.1f}, p99 {b2['p99_ms']:.1f}",
-            )
-        )
-    if "B3" in results:
-        b3 = results["B3"]
-        rows.append(
-            (
-                "B3",
-                f"restart with {b3['reservations']:,}",
-                f"ready {b3['ready_s']:.1f} s, first admission {b3['first_admission_s']:.1f} s, "
-                f"all decided {b3['all_decided_s']:.1f} s, Events posted "
-                f"{b3['events_drained_s']:.1f} s; RSS {b3['rss_mb']:.0f} MB, "
-                f"idle CPU {b3['idle_cpu_pct']:.1f} %",
-            )
-        )
-    if "B4" in results:
-        b4 = results["B4"]
-        rows.append(
-            (
-                "B4",
-                f"{b4['reservations']:,} go stale at once",
-                f"all Reclaimed {b4['after_deadline_s']:.1f} s after the deadline",
-            )
-        )
-    if "B6" in results:
-        b6 = results["B6"]
-        rows.append(
-            (
-                "B6",
-                f"{b6['nodes']:,} nodes, {b6['reservations']:,} reservations",
-                f"{_spread(b6['admissions_per_s'], '/s')}; {b6['ratio_to_B0']:.2f} x B0; "
-                f"RSS {b6['rss_mb']:.0f} MB; filled in {b6['fill_s']:.0f} s",
-            )
-        )
-    width = max(len(what) for _, what, _ in rows)
-    return "\n".join(f"{bid}  {what:<{width}}  {figure}" for bid, what, figure in rows)
+
+
+def _join(*groups: list[str]) -> str:
+    return "; ".join(", ".join(group) for group in groups if group)
+
+
+def _b0(b0: dict[str, Any]) -> Row | None:
+    rates = b0.get("creates_patches_per_s") or []
+    if not rates:
+        return None
+    return "B0", "API ceiling, creates+patches", _spread(rates, "/s")
+
+
+def _b1(b1: dict[str, Any]) -> Row | None:
+    rates = b1.get("admissions_per_s") or []
+    if not rates:
+        return None
+    figure = _join([_spread(rates, "/s")], _parts(b1, ("ratio_to_B0", "{:.2f} x B0")))
+    return "B1", "admissions", figure
+
+
+def _b2(b2: dict[str, Any]) -> Row | None:
+    parts = _parts(
+        b2, ("p50_ms", "p50 {:.1f} ms"), ("p95_ms", "p95 {:.1f}"), ("p99_ms", "p99 {:.1f}")
+    )
+    return ("B2", "create -> decision", ", ".join(parts)) if parts else None
+
+
+def _b3(b3: dict[str, Any]) -> Row | None:
+    timings = _parts(
+        b3,
+        ("ready_s", "ready {:.1f} s"),
+        ("first_admission_s", "first admission {:.1f} s"),
+        ("all_decided_s", "all decided {:.1f} s"),
+        ("events_drained_s", "Events posted {:.1f} s"),
+    )
+    process = _parts(b3, ("rss_mb", "RSS {:.0f} MB"), ("idle_cpu_pct", "idle CPU {:.1f} %"))
+    if not timings and not process:
+        return None
+    return "B3", f"restart with {b3['reservations']:,}", _join(timings, process)
+
+
+def _b4(b4: dict[str, Any]) -> Row | None:
+    parts = _parts(b4, ("after_deadline_s", "all Reclaimed {:.1f} s after the deadline"))
+    return ("B4", f"{b4['reservations']:,} go stale at once", parts[0]) if parts else None
+
+
+def _b6(b6: dict[str, Any]) -> Row | None:
+    rates = b6.get("admissions_per_s") or []
+    figure = _join(
+        [_spread(rates, "/s")] if rates else [],
+        _parts(b6, ("ratio_to_B0", "{:.2f} x B0")),
+        _parts(b6, ("rss_mb", "RSS {:.0f} MB")),
+        _parts(b6, ("fill_s", "filled in {:.0f} s")),
+    )
+    if not figure:
+        return None
+    return "B6", f"{b6['nodes']:,} nodes, {b6['reservations']:,} reservations", figure
+
+
+_ROWS: dict[str, Callable[[dict[str, Any]], Row | None]] = {
+    "B0": _b0,
+    "B1": _b1,
+    "B2": _b2,
+    "B3": _b3,
+    "B4": _b4,
+    "B6": _b6,
+}
+
+
+def rows(results: dict[str, Any]) -> list[Row]:
+    """``(id, what, figure)`` for each benchmark with at least one figure, in order."""
+    found = (row(results[bid]) for bid, row in _ROWS.items() if results.get(bid))
+    return [r for r in found if r is not None]
+
+
+def line(results: dict[str, Any], bid: str) -> str:
+    """One benchmark's row as it stands now (printed as soon as a figure is measured)."""
+    row = _ROWS[bid](results.get(bid) or {})
+    return f"{row[0]}  {row[1]}  {row[2]}" if row else f"{bid}  (nothing measured yet)"
+
+
+def table(results: dict[str, Any]) -> str:
+    """The headline figures, one row per benchmark that measured anything."""
+    found = rows(results)
+    if not found:
+        return "(no figures)"
+    width = max(len(what) for _, what, _ in found)
+    return "\n".join(f"{bid}  {what:<{width}}  {figure}" for bid, what, figure in found)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` atomically: a reader (or a run killed mid-write) sees the old
+    file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # as an ordinary write would leave it, not mkstemp's 0600
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, indent=2)
+            out.write("\n")
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
