@@ -3,74 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from kubernetes import client
 
 from headroom_dev import reservations as rsv
-from headroom_dev.controlplane import ControlPlane, binary
-from headroom_dev.operator import OperatorProcess
-
-VENV_BIN = Path(sys.executable).parent
-
-
-@pytest.fixture
-def cli(
-    control_plane: ControlPlane, namespace: str
-) -> Callable[..., subprocess.CompletedProcess[str]]:
-    def run(*args: str, via: str = "module") -> subprocess.CompletedProcess[str]:
-        common = ["--kubeconfig", str(control_plane.kubeconfig), "-n", namespace]
-        argv = {
-            "module": [sys.executable, "-m", "headroom"],
-            "script": [str(VENV_BIN / "kubectl-headroom")],
-            "kubectl": [str(binary("kubectl")), "headroom"],
-        }[via]
-        env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
-        return subprocess.run(
-            [*argv, *args, *common],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
-            env=env,
-        )
-
-    return run
-
-
-@pytest.fixture
-def scene(
-    run_operator: Callable[..., OperatorProcess],
-    make_node: Callable[..., Any],
-    custom: client.CustomObjectsApi,
-    namespace: str,
-) -> str:
-    node = f"cli-{uuid.uuid4().hex[:6]}"
-    make_node(node, memory="9Gi", labels={"nvidia.com/gpu.memory": "4096"})  # limit 8192
-    run_operator()
-    rsv.create(custom, namespace, "held", node, 6144, 1024)
-    rsv.wait_for(custom, namespace, "held")
-    return node
-
-
-def eventually(check: Callable[[], Any], timeout: float = 15) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return check()
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
+from tests.integration.polling import eventually
 
 
 def test_nodes_table_and_json(cli: Callable[..., Any], scene: str) -> None:
@@ -146,6 +87,23 @@ def test_not_found_is_a_clear_error(
     cli: Callable[..., Any], namespace: str, crds: list[str]
 ) -> None:
     result = cli("why", "nope")
-    assert result.returncode == 2
+    assert result.returncode == 4  # the cluster refused the request (404)
     assert f'reservation "nope" not found in namespace "{namespace}"' in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_heartbeat_on_a_rejected_reservation_exits_1_and_writes_nothing(
+    cli: Callable[..., Any], scene: str, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    rsv.create(custom, namespace, "refused", scene, 4096)
+    assert rsv.wait_for(custom, namespace, "refused")["status"]["phase"] == "Rejected"
+    result = cli("heartbeat", "refused")
+    assert result.returncode == 1, result.stderr
+    assert "holds nothing: Rejected (InsufficientRAM)" in result.stderr
+    assert "requested 4096 MiB" in result.stderr
+    assert "heartbeat sent" not in result.stdout
+    annotations = rsv.get(custom, namespace, "refused")["metadata"].get("annotations") or {}
+    assert "headroom.dev/heartbeat" not in annotations
+    admitted = cli("heartbeat", "held")
+    assert admitted.returncode == 0, admitted.stderr
+    assert admitted.stdout.strip() == "reservation.headroom.dev/held heartbeat sent"
