@@ -92,6 +92,43 @@ def test_not_found_is_a_clear_error(
     assert "Traceback" not in result.stderr
 
 
+def events_named(core: client.CoreV1Api, namespace: str, name: str) -> list[str]:
+    selector = f"involvedObject.name={name},involvedObject.kind=Reservation"
+    return sorted(
+        e.reason for e in core.list_namespaced_event(namespace, field_selector=selector).items
+    )
+
+
+def test_why_shows_only_the_events_of_this_object_not_of_its_namesakes(
+    cli: Callable[..., Any],
+    scene: str,
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+) -> None:
+    rsv.create(custom, namespace, "again", scene, 1024)
+    assert rsv.wait_for(custom, namespace, "again")["status"]["phase"] == "Admitted"
+
+    def fits_posted() -> None:
+        assert events_named(core, namespace, "again") == ["Fits"]
+
+    eventually(fits_posted)
+    rsv.delete(custom, namespace, "again")
+    second = rsv.create(custom, namespace, "again", scene, 4096)  # 2048 left: rejected
+    assert rsv.wait_for(custom, namespace, "again")["status"]["phase"] == "Rejected"
+
+    def both_posted() -> None:  # by name, the two objects' Events are mixed
+        assert events_named(core, namespace, "again") == ["Fits", "InsufficientRAM"]
+
+    eventually(both_posted)
+    data = json.loads(cli("why", "again", "-o", "json").stdout)
+    assert data["uid"] == second["metadata"]["uid"]
+    assert [e["reason"] for e in data["events"]] == ["InsufficientRAM"]
+    text = cli("why", "again").stdout.split("Events:")[1]
+    assert "InsufficientRAM" in text
+    assert "Fits" not in text
+
+
 def test_heartbeat_on_a_rejected_reservation_exits_1_and_writes_nothing(
     cli: Callable[..., Any], scene: str, custom: client.CustomObjectsApi, namespace: str
 ) -> None:

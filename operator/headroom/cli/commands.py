@@ -97,7 +97,7 @@ def why(args: Args) -> int:
     cluster = _cluster(args)
     obj = read_reservation(cluster, name)
     spec, status = obj["spec"], obj.get("status") or {}
-    events = readers.events_about(cluster, name)
+    events = readers.events_about(cluster, obj["metadata"]["uid"])
     data = {
         "name": name,
         "namespace": cluster.namespace,

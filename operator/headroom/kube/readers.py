@@ -116,11 +116,15 @@ def heartbeat(cluster: Cluster, name: str, at: datetime) -> JSON:
     return cast(JSON, obj)
 
 
-def events_about(cluster: Cluster, name: str) -> list[JSON]:
-    """Events whose involved object is this Reservation, oldest first."""
+def events_about(cluster: Cluster, uid: str) -> list[JSON]:
+    """Events about the object with this uid, oldest first.
+
+    By uid, not name: a name is reused after delete and re-create, and the Events
+    of the earlier objects outlive them (an hour by default).
+    """
     listed = cluster.core.list_namespaced_event(
         cluster.namespace,
-        field_selector=f"involvedObject.name={name},involvedObject.kind=Reservation",
+        field_selector=f"involvedObject.uid={uid}",
         _request_timeout=REQUEST_TIMEOUT,
     )
     events = [
