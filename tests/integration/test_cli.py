@@ -144,3 +144,45 @@ def test_heartbeat_on_a_rejected_reservation_exits_1_and_writes_nothing(
     admitted = cli("heartbeat", "held")
     assert admitted.returncode == 0, admitted.stderr
     assert admitted.stdout.strip() == "reservation.headroom.dev/held heartbeat sent"
+
+
+def test_summary_counts_what_is_held_on_a_deleted_node(
+    cli: Callable[..., Any],
+    scene: str,
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+) -> None:
+    gone = f"gone-{scene}"
+    make_node(gone, memory="9Gi")
+    for index in range(3):
+        rsv.create(custom, namespace, f"on-gone-{index}", gone, 1024)
+    for index in range(3):
+        assert rsv.wait_for(custom, namespace, f"on-gone-{index}")["status"]["phase"] == "Admitted"
+
+    def headroom_of_gone(present: bool) -> None:
+        names = [
+            i["metadata"]["name"]
+            for i in custom.list_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms")[
+                "items"
+            ]
+        ]
+        assert (gone in names) is present
+
+    eventually(lambda: headroom_of_gone(True))
+    core.delete_node(gone)
+    eventually(lambda: headroom_of_gone(False))
+    assert {r["status"]["phase"] for r in rsv.list_all(custom, namespace)} == {"Admitted"}
+
+    data = json.loads(cli("summary", "-o", "json").stdout)
+    assert data["withoutNodeHeadroom"]["nodes"][gone] == 3
+    assert data["withoutNodeHeadroom"]["reservedMB"] >= 3 * 1024
+    assert data["activeEntries"] == data["reservations"]["Admitted"]
+    assert data["totalReservedMB"] >= 6144 + 3 * 1024
+    rows = {
+        line.split("   ")[0].strip(): line.split("   ", 1)[1].strip()
+        for line in cli("summary").stdout.splitlines()[1:]
+    }
+    assert rows["active entries"] == rows["reservations Admitted"]
+    assert gone in rows["admitted on nodes without a NodeHeadroom"]

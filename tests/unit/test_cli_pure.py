@@ -1,4 +1,4 @@
-"""The command line's pure parts: argument checks."""
+"""The command line's pure parts: argument checks and the summary's arithmetic."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from headroom.api.constants import MAX_MB
 from headroom.cli import arguments
 from headroom.cli.exits import UsageError
+from headroom.cli.summary import rows, summarize
 
 NOW = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
 
@@ -83,3 +84,59 @@ def test_namespaces_are_dns_labels() -> None:
     assert arguments.namespace("ml") == "ml"
     with pytest.raises(UsageError, match=r'--namespace: Invalid value: "ml\.team"'):
         arguments.namespace("ml.team")
+
+
+def headroom(node: str, **status: int) -> dict[str, Any]:
+    return {"metadata": {"name": node}, "status": status}
+
+
+def reservation(node: str, ram: int, phase: str | None, vram: int = 0) -> dict[str, Any]:
+    obj: dict[str, Any] = {"spec": {"node": node, "ramMB": ram, "vramMB": vram}}
+    if phase:
+        obj["status"] = {"phase": phase}
+    return obj
+
+
+def test_summary_counts_admitted_reservations_and_those_on_nodes_without_a_headroom() -> None:
+    headrooms = [headroom("a", reservedRAMMB=1024, activeEntries=1, staleEntries=1)]
+    reservations = [
+        reservation("a", 1024, "Admitted", vram=10),
+        reservation("x", 100, "Admitted"),
+        reservation("x", 200, "Admitted"),
+        reservation("y", 300, "Admitted"),
+        reservation("a", 5000, "Rejected"),
+        reservation("a", 7, None),
+    ]
+    data = summarize(headrooms, reservations)
+    assert data["nodes"] == 1
+    assert data["staleEntries"] == 1
+    assert (data["activeEntries"], data["totalReservedMB"], data["totalVRAMMB"]) == (4, 1624, 10)
+    assert data["reservations"] == {"Pending": 1, "Admitted": 4, "Rejected": 1, "Reclaimed": 0}
+    assert data["withoutNodeHeadroom"] == {
+        "entries": 3,
+        "reservedMB": 600,
+        "reservedVRAMMB": 0,
+        "nodes": {"x": 2, "y": 1},
+    }
+    table = dict(rows({"scope": "cluster", **data}))
+    assert table["admitted on nodes without a NodeHeadroom"] == "3 (x, y)"
+    assert table["reservations read"] == "all namespaces"
+
+
+def test_summary_uses_what_could_be_read() -> None:
+    headrooms = [headroom("a", reservedRAMMB=1024, reservedVRAMMB=5, activeEntries=1)]
+    only_headrooms = summarize(headrooms, None)
+    assert only_headrooms["figuresFrom"] == "NodeHeadrooms"
+    assert (only_headrooms["totalReservedMB"], only_headrooms["activeEntries"]) == (1024, 1)
+    assert only_headrooms["reservations"] is None
+    assert "reserved RAM (MiB) (from NodeHeadrooms)" in dict(
+        rows({"scope": "none", **only_headrooms})
+    )
+
+    only_reservations = summarize(None, [reservation("a", 64, "Admitted")])
+    assert only_reservations["nodes"] is None
+    assert only_reservations["withoutNodeHeadroom"] is None
+    table = dict(rows({"scope": "namespace", "namespace": "ml", **only_reservations}))
+    assert table["reservations read"] == "namespace ml"
+    assert "nodes" not in table
+    assert "admitted on nodes without a NodeHeadroom" not in table

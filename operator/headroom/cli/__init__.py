@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from headroom.api.constants import MAX_MB
-from headroom.cli import arguments, commands, reserve, run
+from headroom.cli import arguments, commands, reserve, run, summary
 from headroom.cli.exits import (
     CommandError,
     Exit,
@@ -52,7 +52,7 @@ def _add_commands(
         return subcommands.add_parser(name, help=help_, parents=[common])
 
     parser("nodes", "per-node headroom").set_defaults(handler=commands.nodes)
-    parser("summary", "cluster-wide totals").set_defaults(handler=commands.summary)
+    parser("summary", "cluster-wide totals").set_defaults(handler=summary.command)
     p = parser("why", "why a reservation is in its phase, with the numbers and events")
     p.add_argument("reservation")
     p.set_defaults(handler=commands.why)

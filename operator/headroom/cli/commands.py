@@ -1,15 +1,20 @@
-"""``kubectl headroom`` subcommands: nodes, summary, why, heartbeat (reserve: its own module)."""
+"""``kubectl headroom`` subcommands: nodes, summary, why, reserve, heartbeat.
+
+Each does what the caller's rights allow and says on stderr what it could not
+read: a tenant bound to ``headroom-edit`` in one namespace may read its
+reservations but not the cluster-scoped NodeHeadrooms, and may not list Events.
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections import Counter
+import sys
 from datetime import UTC, datetime
 
 from kubernetes.client.exceptions import ApiException
 
-from headroom.cli import arguments
-from headroom.cli.exits import CommandError, Exit
+from headroom.cli import arguments, summary
+from headroom.cli.exits import CommandError, Exit, describe_api_error, is_forbidden
 from headroom.cli.output import emit, table
 from headroom.kube import readers
 
@@ -36,7 +41,15 @@ def read_reservation(cluster: readers.Cluster, name: str) -> readers.JSON:
 
 
 def nodes(args: Args) -> int:
-    items = readers.node_headrooms(_cluster(args))
+    try:
+        items = readers.node_headrooms(_cluster(args))
+    except ApiException as error:
+        if not is_forbidden(error):
+            raise
+        raise CommandError(
+            Exit.UNREACHABLE,
+            f"cannot list NodeHeadrooms: {describe_api_error(error)}. {summary.NODEHEADROOM_GRANT}",
+        ) from None
     rows = []
     for item in items:
         s = item.get("status") or {}
@@ -60,44 +73,24 @@ def nodes(args: Args) -> int:
     return Exit.DONE
 
 
-def summary(args: Args) -> int:
-    cluster = _cluster(args)
-    statuses = [i.get("status") or {} for i in readers.node_headrooms(cluster)]
-    phases = Counter(
-        (r.get("status") or {}).get("phase") or "Pending"
-        for r in readers.reservations(cluster, None)
-    )
-    data = {
-        "nodes": len(statuses),
-        "totalReservedMB": sum(s.get("reservedRAMMB", 0) for s in statuses),
-        "totalVRAMMB": sum(s.get("reservedVRAMMB", 0) for s in statuses),
-        "activeEntries": sum(s.get("activeEntries", 0) for s in statuses),
-        "staleEntries": sum(s.get("staleEntries", 0) for s in statuses),
-        "reservations": {
-            p: phases.get(p, 0) for p in ("Pending", "Admitted", "Rejected", "Reclaimed")
-        },
-    }
-    text = table(
-        ["FIELD", "VALUE"],
-        [
-            ["nodes", data["nodes"]],
-            ["reserved RAM (MiB)", data["totalReservedMB"]],
-            ["reserved VRAM (MiB)", data["totalVRAMMB"]],
-            ["active entries", data["activeEntries"]],
-            ["stale entries", data["staleEntries"]],
-            *[[f"reservations {p}", n] for p, n in data["reservations"].items()],
-        ],
-    )
-    emit(data, text, args.output)
-    return Exit.DONE
-
-
 def why(args: Args) -> int:
     name = arguments.name(args.reservation)
     cluster = _cluster(args)
     obj = read_reservation(cluster, name)
     spec, status = obj["spec"], obj.get("status") or {}
-    events = readers.events_about(cluster, obj["metadata"]["uid"])
+    events: list[readers.JSON] | None
+    try:
+        events = readers.events_about(cluster, obj["metadata"]["uid"])
+    except ApiException as error:
+        if not is_forbidden(error):
+            raise
+        events = None
+        print(
+            f'Warning: Events in namespace "{cluster.namespace}" are not readable '
+            f"({describe_api_error(error)}); showing the reservation's status only. "
+            'The built-in "view" role grants reading Events in a namespace.',
+            file=sys.stderr,
+        )
     data = {
         "name": name,
         "namespace": cluster.namespace,
@@ -117,9 +110,12 @@ def why(args: Args) -> int:
         if status.get(key):
             lines.append(f"{key}: {status[key]}")
     lines.append("Events:")
-    lines += [f"  {e['time']}  {e['type']:<8} {e['reason']:<16} {e['message']}" for e in events]
-    if not events:
-        lines.append("  <none>")
+    if events is None:
+        lines.append("  <not readable>")
+    else:
+        lines += [f"  {e['time']}  {e['type']:<8} {e['reason']:<16} {e['message']}" for e in events]
+        if not events:
+            lines.append("  <none>")
     emit(data, "\n".join(lines), args.output)
     return Exit.DONE
 

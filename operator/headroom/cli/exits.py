@@ -56,6 +56,10 @@ def api_message(error: ApiException) -> str:
     return one_line(str(message or error.reason or ""))
 
 
+def is_forbidden(error: BaseException) -> bool:
+    return isinstance(error, ApiException) and error.status == 403
+
+
 def describe_api_error(error: ApiException) -> str:
     """One line for an API error; status 0 is the client's own TLS failure."""
     if error.status == 0:
