@@ -72,6 +72,7 @@ def test_default_render() -> None:
     assert kinds == sorted(
         [
             "ClusterRole/headroom-edit",
+            "ClusterRole/headroom-nodeheadroom-reader",
             "ClusterRole/headroom-operator",
             "ClusterRole/headroom-view",
             "ClusterRoleBinding/headroom-operator",
@@ -147,6 +148,11 @@ def test_leader_election_render() -> None:
         ("replicas=3", "replicas"),
         ("metrics.port=0", "port"),
         ("logLevel=LOUD", "logLevel"),
+        ("nodeHeadroomReaders.groups=ml-team", "/nodeHeadroomReaders/groups"),
+        ("nodeHeadroomReaders.users[0]=", "/nodeHeadroomReaders/users/0"),
+        ("nodeHeadroomReaders.serviceAccounts[0].name=placer", "missing property 'namespace'"),
+        ("nodeHeadroomReaders.serviceAccounts[0].namespace=ML", "/serviceAccounts/0/namespace"),
+        ("nodeHeadroomReaders.teams[0]=ml", "'teams' not allowed"),
     ],
 )
 def test_schema_refuses_bad_values(value: str, complaint: str) -> None:
@@ -172,7 +178,12 @@ def test_rendered_manifests_apply_cleanly(installed: None, kubectl: Kubectl) -> 
     assert "deployment.apps/headroom" in result.stdout
     assert "serviceaccount/headroom" in result.stdout
     roles = kubectl("get", "clusterroles", "-o", "name").stdout
-    for role in ("headroom-operator", "headroom-edit", "headroom-view"):
+    for role in (
+        "headroom-operator",
+        "headroom-edit",
+        "headroom-view",
+        "headroom-nodeheadroom-reader",
+    ):
         assert f"clusterrole.rbac.authorization.k8s.io/{role}" in roles
 
 

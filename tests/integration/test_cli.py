@@ -3,74 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from kubernetes import client
 
 from headroom_dev import reservations as rsv
-from headroom_dev.controlplane import ControlPlane, binary
-from headroom_dev.operator import OperatorProcess
-
-VENV_BIN = Path(sys.executable).parent
-
-
-@pytest.fixture
-def cli(
-    control_plane: ControlPlane, namespace: str
-) -> Callable[..., subprocess.CompletedProcess[str]]:
-    def run(*args: str, via: str = "module") -> subprocess.CompletedProcess[str]:
-        common = ["--kubeconfig", str(control_plane.kubeconfig), "-n", namespace]
-        argv = {
-            "module": [sys.executable, "-m", "headroom"],
-            "script": [str(VENV_BIN / "kubectl-headroom")],
-            "kubectl": [str(binary("kubectl")), "headroom"],
-        }[via]
-        env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
-        return subprocess.run(
-            [*argv, *args, *common],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
-            env=env,
-        )
-
-    return run
-
-
-@pytest.fixture
-def scene(
-    run_operator: Callable[..., OperatorProcess],
-    make_node: Callable[..., Any],
-    custom: client.CustomObjectsApi,
-    namespace: str,
-) -> str:
-    node = f"cli-{uuid.uuid4().hex[:6]}"
-    make_node(node, memory="9Gi", labels={"nvidia.com/gpu.memory": "4096"})  # limit 8192
-    run_operator()
-    rsv.create(custom, namespace, "held", node, 6144, 1024)
-    rsv.wait_for(custom, namespace, "held")
-    return node
-
-
-def eventually(check: Callable[[], Any], timeout: float = 15) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return check()
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
+from tests.integration.polling import eventually
 
 
 def test_nodes_table_and_json(cli: Callable[..., Any], scene: str) -> None:
@@ -146,6 +87,102 @@ def test_not_found_is_a_clear_error(
     cli: Callable[..., Any], namespace: str, crds: list[str]
 ) -> None:
     result = cli("why", "nope")
-    assert result.returncode == 2
+    assert result.returncode == 4  # the cluster refused the request (404)
     assert f'reservation "nope" not found in namespace "{namespace}"' in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def events_named(core: client.CoreV1Api, namespace: str, name: str) -> list[str]:
+    selector = f"involvedObject.name={name},involvedObject.kind=Reservation"
+    return sorted(
+        e.reason for e in core.list_namespaced_event(namespace, field_selector=selector).items
+    )
+
+
+def test_why_shows_only_the_events_of_this_object_not_of_its_namesakes(
+    cli: Callable[..., Any],
+    scene: str,
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+) -> None:
+    rsv.create(custom, namespace, "again", scene, 1024)
+    assert rsv.wait_for(custom, namespace, "again")["status"]["phase"] == "Admitted"
+
+    def fits_posted() -> None:
+        assert events_named(core, namespace, "again") == ["Fits"]
+
+    eventually(fits_posted)
+    rsv.delete(custom, namespace, "again")
+    second = rsv.create(custom, namespace, "again", scene, 4096)  # 2048 left: rejected
+    assert rsv.wait_for(custom, namespace, "again")["status"]["phase"] == "Rejected"
+
+    def both_posted() -> None:  # by name, the two objects' Events are mixed
+        assert events_named(core, namespace, "again") == ["Fits", "InsufficientRAM"]
+
+    eventually(both_posted)
+    data = json.loads(cli("why", "again", "-o", "json").stdout)
+    assert data["uid"] == second["metadata"]["uid"]
+    assert [e["reason"] for e in data["events"]] == ["InsufficientRAM"]
+    text = cli("why", "again").stdout.split("Events:")[1]
+    assert "InsufficientRAM" in text
+    assert "Fits" not in text
+
+
+def test_heartbeat_on_a_rejected_reservation_exits_1_and_writes_nothing(
+    cli: Callable[..., Any], scene: str, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    rsv.create(custom, namespace, "refused", scene, 4096)
+    assert rsv.wait_for(custom, namespace, "refused")["status"]["phase"] == "Rejected"
+    result = cli("heartbeat", "refused")
+    assert result.returncode == 1, result.stderr
+    assert "holds nothing: Rejected (InsufficientRAM)" in result.stderr
+    assert "requested 4096 MiB" in result.stderr
+    assert "heartbeat sent" not in result.stdout
+    annotations = rsv.get(custom, namespace, "refused")["metadata"].get("annotations") or {}
+    assert "headroom.dev/heartbeat" not in annotations
+    admitted = cli("heartbeat", "held")
+    assert admitted.returncode == 0, admitted.stderr
+    assert admitted.stdout.strip() == "reservation.headroom.dev/held heartbeat sent"
+
+
+def test_summary_counts_what_is_held_on_a_deleted_node(
+    cli: Callable[..., Any],
+    scene: str,
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+) -> None:
+    gone = f"gone-{scene}"
+    make_node(gone, memory="9Gi")
+    for index in range(3):
+        rsv.create(custom, namespace, f"on-gone-{index}", gone, 1024)
+    for index in range(3):
+        assert rsv.wait_for(custom, namespace, f"on-gone-{index}")["status"]["phase"] == "Admitted"
+
+    def headroom_of_gone(present: bool) -> None:
+        names = [
+            i["metadata"]["name"]
+            for i in custom.list_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms")[
+                "items"
+            ]
+        ]
+        assert (gone in names) is present
+
+    eventually(lambda: headroom_of_gone(True))
+    core.delete_node(gone)
+    eventually(lambda: headroom_of_gone(False))
+    assert {r["status"]["phase"] for r in rsv.list_all(custom, namespace)} == {"Admitted"}
+
+    data = json.loads(cli("summary", "-o", "json").stdout)
+    assert data["withoutNodeHeadroom"]["nodes"][gone] == 3
+    assert data["withoutNodeHeadroom"]["reservedMB"] >= 3 * 1024
+    assert data["activeEntries"] == data["reservations"]["Admitted"]
+    assert data["totalReservedMB"] >= 6144 + 3 * 1024
+    rows = {
+        line.split("   ")[0].strip(): line.split("   ", 1)[1].strip()
+        for line in cli("summary").stdout.splitlines()[1:]
+    }
+    assert rows["active entries"] == rows["reservations Admitted"]
+    assert gone in rows["admitted on nodes without a NodeHeadroom"]

@@ -1,15 +1,27 @@
 """Command line: ``headroom run`` starts the operator; the other subcommands, also
-installed as the kubectl plugin ``kubectl-headroom``, read and write headroom."""
+installed as the kubectl plugin ``kubectl-headroom``, read and write headroom.
+
+Exit codes: 0 done; 1 refused (rejected or reclaimed); 2 bad argument, nothing
+sent; 3 no decision within --timeout; 4 the cluster unreachable or refusing."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from headroom.cli import commands, run
+from headroom.api.constants import MAX_MB
+from headroom.cli import arguments, commands, reserve, run, summary
+from headroom.cli.exits import (
+    CommandError,
+    Exit,
+    describe_api_error,
+    describe_connection_error,
+    one_line,
+)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -22,44 +34,114 @@ def _common() -> argparse.ArgumentParser:
 
 
 def _parser(prog: str, with_run: bool) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     subcommands = parser.add_subparsers(dest="command", required=True)
     if with_run:
         run.add(subcommands)
-    commands.add(subcommands, _common())
+    _add_commands(subcommands, _common())
     return parser
 
 
-def _dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
-    args = parser.parse_args(argv)
-    try:
-        code: int = args.handler(args)
-    except ApiException as error:
-        what = getattr(args, "reservation", None) or getattr(args, "name", None) or ""
-        if error.status == 404 and what:
-            namespace = getattr(args, "namespace", None) or "(current)"
-            print(
-                f'Error: reservation "{what}" not found in namespace "{namespace}"', file=sys.stderr
-            )
+def _add_commands(
+    subcommands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    def parser(name: str, help_: str) -> argparse.ArgumentParser:
+        return subcommands.add_parser(name, help=help_, parents=[common])
+
+    parser("nodes", "per-node headroom").set_defaults(handler=commands.nodes)
+    parser("summary", "cluster-wide totals").set_defaults(handler=summary.command)
+    p = parser("why", "why a reservation is in its phase, with the numbers and events")
+    p.add_argument("reservation")
+    p.set_defaults(handler=commands.why)
+    p = parser("reserve", "create a reservation (and wait for its decision)")
+    p.add_argument("--node", required=True)
+    p.add_argument("--ram", required=True, help=f"MiB, 0 .. {MAX_MB}")
+    p.add_argument("--vram", default="0", help=f"MiB, 0 .. {MAX_MB}")
+    p.add_argument("--ttl", help="hard expiry from now, e.g. 1h")
+    p.add_argument("--name", help="default: rsv-<random>")
+    p.add_argument("--description")
+    p.add_argument("--owner-pod")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the decision: exit 0 admitted, 1 rejected, 3 no decision in --timeout",
+    )
+    p.add_argument("--timeout", help=f"with --wait (default {arguments.DEFAULT_TIMEOUT})")
+    p.add_argument(
+        "--keep-on-timeout",
+        action="store_true",
+        help="with --wait: keep the reservation when the wait runs out (default: delete it)",
+    )
+    p.set_defaults(handler=reserve.command)
+    p = parser("heartbeat", "refresh a reservation's heartbeat (exit 1 if it holds nothing)")
+    p.add_argument("reservation")
+    p.set_defaults(handler=commands.heartbeat)
+
+
+def _flags_with_a_value(parser: argparse.ArgumentParser) -> set[str]:
+    flags: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags |= _flags_with_a_value(sub)
+        elif action.option_strings and action.nargs is None:
+            flags.update(action.option_strings)
+    return flags
+
+
+def _values_after_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--ttl -1h`` as ``--ttl=-1h``.
+
+    kubectl (pflag) takes the word after a flag that needs a value as that value,
+    whatever it starts with; argparse reads ``-1h`` as an unknown flag and prints
+    only its usage line. Joined, the value reaches our checks, which name it.
+    """
+    flags, out, i = _flags_with_a_value(parser), [], 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            out += argv[i:]
+            break
+        if word in flags and i + 1 < len(argv):
+            out.append(f"{word}={argv[i + 1]}")
+            i += 2
         else:
-            print(
-                f"Error: API server said {error.status} {error.reason}: {_message(error)}",
-                file=sys.stderr,
-            )
-        return 2
-    except (ConfigException, OSError, ValueError) as error:
-        print(f"Error: {error}", file=sys.stderr)
-        return 2
-    return code
+            out.append(word)
+            i += 1
+    return out
 
 
-def _message(error: ApiException) -> str:
-    import json
-
+def _dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(_values_after_flags(parser, words))  # usage errors: exit 2
     try:
-        return str(json.loads(error.body or "{}").get("message", ""))
-    except ValueError:
-        return str(error.body or "")
+        if hasattr(args, "namespace"):
+            arguments.namespace(args.namespace)
+        return int(args.handler(args))
+    except CommandError as error:
+        print(f"Error: {one_line(str(error))}", file=sys.stderr)
+        return error.code
+    except ApiException as error:
+        print(f"Error: {_api_error(args, error)}", file=sys.stderr)
+        return Exit.UNREACHABLE
+    except (ConfigException, OSError, urllib3.exceptions.HTTPError) as error:
+        if isinstance(error, ConfigException):
+            problem = f"cannot reach the cluster: no usable kubeconfig: {one_line(str(error))}"
+        else:
+            problem = describe_connection_error(error)
+        print(f"Error: {problem}", file=sys.stderr)
+        return Exit.UNREACHABLE
+
+
+def _api_error(args: argparse.Namespace, error: ApiException) -> str:
+    name = getattr(args, "reservation", None) or getattr(args, "name", None)
+    if error.status == 404 and name:
+        namespace = getattr(args, "namespace", None) or "(the context's)"
+        return f'reservation "{name}" not found in namespace "{namespace}"'
+    return describe_api_error(error)
 
 
 def main(argv: list[str] | None = None) -> int:

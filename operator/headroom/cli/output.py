@@ -25,3 +25,8 @@ def render(data: Any, fmt: str) -> str:
     if fmt == "yaml":
         return yaml.safe_dump(json.loads(json.dumps(data, default=str)), sort_keys=False).rstrip()
     raise ValueError(f"unknown output format {fmt!r}")
+
+
+def emit(data: Any, text: str, fmt: str) -> None:
+    """Print ``text`` for ``-o table``, else ``data`` as JSON or YAML."""
+    print(text if fmt == "table" else render(data, fmt))

@@ -1,0 +1,139 @@
+"""``kubectl headroom reserve``: create a Reservation and, with ``--wait``, wait for its decision.
+
+A wait that runs out deletes the reservation it created (unless
+``--keep-on-timeout``): left behind, it would be admitted later, when the operator
+gets to it, and hold memory nobody uses; the same command run again would get 409.
+The delete is conditional on the object's uid and resourceVersion as last seen, so
+it never deletes another object of the same name, nor one whose decision arrived
+in the meantime: that decision is reported instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from headroom.cli import arguments, readers
+from headroom.cli.exits import CommandError, Exit, describe_api_error, describe_connection_error
+from headroom.cli.output import emit
+
+JSON = dict[str, Any]
+DECIDED = ("Admitted", "Rejected", "Reclaimed")
+POLL_SECONDS = 0.2
+#: Conditional deletes retried while others (heartbeats) keep changing the object.
+DELETE_ATTEMPTS = 5
+
+
+def command(args: argparse.Namespace) -> int:
+    body = arguments.reservation(args)
+    timeout = arguments.duration(args.timeout or arguments.DEFAULT_TIMEOUT, "--timeout")
+    cluster = readers.connect(args.kubeconfig, args.context, args.namespace)
+    if "name" not in body["metadata"]:
+        body["metadata"]["generateName"] = "rsv-"
+    created = readers.create_reservation(cluster, body)
+    name = created["metadata"]["name"]
+    if not args.wait:
+        emit(_data(cluster, created), f"reservation.headroom.dev/{name} created", args.output)
+        return Exit.DONE
+    try:
+        return _wait(cluster, created, timeout, args)
+    except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+        problem = (
+            describe_api_error(error)
+            if isinstance(error, ApiException)
+            else describe_connection_error(error)
+        )
+        raise CommandError(
+            Exit.UNREACHABLE,
+            f"{problem} (while waiting for reservation {cluster.namespace}/{name}, "
+            "which was created and may still exist)",
+        ) from None
+
+
+def _data(cluster: readers.Cluster, obj: JSON) -> JSON:
+    return {
+        "name": obj["metadata"]["name"],
+        "namespace": cluster.namespace,
+        "uid": obj["metadata"]["uid"],
+        **(obj.get("status") or {}),
+    }
+
+
+def _phase(obj: JSON) -> str | None:
+    phase = (obj.get("status") or {}).get("phase")
+    return str(phase) if phase else None
+
+
+def _wait(cluster: readers.Cluster, obj: JSON, timeout: timedelta, args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + timeout.total_seconds()
+    while _phase(obj) not in DECIDED:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return _timed_out(cluster, obj, args)
+        time.sleep(min(POLL_SECONDS, left))
+        try:
+            obj = readers.reservation(cluster, obj["metadata"]["name"])
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            raise CommandError(
+                Exit.UNREACHABLE,
+                f"reservation {cluster.namespace}/{obj['metadata']['name']} was deleted "
+                "while waiting for its decision",
+            ) from None
+    return _decided(cluster, obj, args)
+
+
+def _decided(cluster: readers.Cluster, obj: JSON, args: argparse.Namespace) -> int:
+    name, status = obj["metadata"]["name"], obj.get("status") or {}
+    phase = status["phase"]
+    text = f"reservation.headroom.dev/{name} {phase.lower()}: {status.get('message', '')}"
+    emit(_data(cluster, obj), text, args.output)
+    if phase != "Admitted":
+        print(f"{status.get('reason')}: {status.get('message')}", file=sys.stderr)
+        return Exit.REFUSED
+    return Exit.DONE
+
+
+def _timed_out(cluster: readers.Cluster, obj: JSON, args: argparse.Namespace) -> int:
+    name, uid = obj["metadata"]["name"], obj["metadata"]["uid"]
+    waited = args.timeout or arguments.DEFAULT_TIMEOUT
+    what = f"no decision on reservation {cluster.namespace}/{name} within {waited}"
+    if args.keep_on_timeout:
+        raise CommandError(
+            Exit.TIMED_OUT,
+            f"{what}; kept it (--keep-on-timeout): it is decided when the operator gets to "
+            f"it; `kubectl delete rsv {name} -n {cluster.namespace}` releases it",
+        )
+    for _ in range(DELETE_ATTEMPTS):
+        try:
+            readers.delete_reservation(cluster, name, uid, obj["metadata"]["resourceVersion"])
+        except ApiException as error:
+            if error.status == 404:
+                raise CommandError(Exit.TIMED_OUT, f"{what}; it is already gone") from None
+            if error.status != 409:
+                raise
+        else:
+            raise CommandError(Exit.TIMED_OUT, f"{what}; deleted it (--keep-on-timeout keeps it)")
+        # 409: changed since last seen. Decided in the meantime: report that.
+        try:
+            obj = readers.reservation(cluster, name)
+        except ApiException as error:
+            if error.status == 404:
+                raise CommandError(Exit.TIMED_OUT, f"{what}; it is already gone") from None
+            raise
+        if obj["metadata"]["uid"] != uid:
+            raise CommandError(Exit.TIMED_OUT, f"{what}; it is already gone (replaced)")
+        if _phase(obj) in DECIDED:
+            return _decided(cluster, obj, args)
+    raise CommandError(
+        Exit.TIMED_OUT,
+        f"{what}; could not delete it (it kept changing): "
+        f"`kubectl delete rsv {name} -n {cluster.namespace}` releases it",
+    )

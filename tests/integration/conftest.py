@@ -1,0 +1,65 @@
+"""Fixtures of the command-line tests: run ``kubectl headroom`` as any identity."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from headroom_dev import reservations as rsv
+from headroom_dev.controlplane import ControlPlane, binary
+from headroom_dev.operator import OperatorProcess
+from tests.integration.cli_checks import Cli
+
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def cli(control_plane: ControlPlane, namespace: str) -> Cli:
+    """``cli("nodes", via="kubectl", kubeconfig=path)``: the admin in the test's namespace
+    unless another kubeconfig is given."""
+
+    def run(
+        *args: str, via: str = "module", kubeconfig: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        config = kubeconfig or control_plane.kubeconfig
+        common = ["--kubeconfig", str(config), "-n", namespace]
+        argv = {
+            "module": [sys.executable, "-m", "headroom"],
+            "script": [str(VENV_BIN / "kubectl-headroom")],
+            "kubectl": [str(binary("kubectl")), "headroom"],
+        }[via]
+        env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+        return subprocess.run(
+            [*argv, *args, *common],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+            env=env,
+        )
+
+    return run
+
+
+@pytest.fixture
+def scene(
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> str:
+    """A node with 8192 MiB to give and 4096 MiB of VRAM, 6144 + 1024 of it held by "held"."""
+    node = f"cli-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="9Gi", labels={"nvidia.com/gpu.memory": "4096"})  # limit 8192
+    run_operator()
+    rsv.create(custom, namespace, "held", node, 6144, 1024)
+    rsv.wait_for(custom, namespace, "held")
+    return node
