@@ -43,16 +43,27 @@ def _clone(value: Any) -> Any:
 
 
 def json_equal(a: Any, b: Any) -> bool:
-    """Equality as JSON has it: ``true`` is not ``1``."""
+    """Equality as JSON has it: ``true`` is not ``1``.
+
+    Identity and Python's (C-speed) ``!=`` settle most comparisons: writes share
+    unchanged parts with the stored object, and unequal objects differ fast.
+    """
+    if a is b:
+        return True
+    if a != b:
+        return False
+    return _strictly_equal(a, b)
+
+
+def _strictly_equal(a: Any, b: Any) -> bool:
+    """``a == b`` holds; check that no ``true`` stands where a ``1`` is."""
     if type(a) is bool or type(b) is bool:
         return type(a) is type(b) and a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict | list) or isinstance(b, dict | list):
-        return False
-    return bool(a == b)
+    if type(a) is dict:
+        return all(a[k] is b[k] or _strictly_equal(a[k], b[k]) for k in a)
+    if type(a) is list:
+        return all(x is y or _strictly_equal(x, y) for x, y in zip(a, b, strict=True))
+    return True
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

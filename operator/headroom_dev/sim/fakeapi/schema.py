@@ -73,8 +73,13 @@ def _check_rules(schema: Schema, where: str) -> None:
         _check_rules(schema["items"], where)
 
 
-def prune_and_default(value: Any, schema: Schema, *, root: bool = False) -> Any:
-    """Drop unknown fields and fill defaults, in place (``value`` is the caller's copy)."""
+def prune_and_default(value: Any, schema: Schema, *, root: bool = False, old: Any = _ABSENT) -> Any:
+    """Drop unknown fields and fill defaults, in place (``value`` is the caller's copy).
+
+    A part that *is* the stored object's (``old``) was conformed when stored: skipped.
+    """
+    if value is old:
+        return value
     if type(value) is dict and schema.get("type") == "object":
         properties = schema.get("properties")
         if properties is not None or not schema.get("x-kubernetes-preserve-unknown-fields"):
@@ -85,7 +90,8 @@ def prune_and_default(value: Any, schema: Schema, *, root: bool = False) -> Any:
             for key, sub in known.items():
                 if key in value:
                     if not (root and key == "metadata"):
-                        prune_and_default(value[key], sub)
+                        old_sub = old.get(key, _ABSENT) if type(old) is dict else _ABSENT
+                        prune_and_default(value[key], sub, old=old_sub)
                 elif "default" in sub:
                     value[key] = _copy_default(sub["default"])
     elif type(value) is list and "items" in schema:
@@ -118,6 +124,8 @@ def validate(value: Any, schema: Schema, old: Any = _ABSENT) -> list[str]:
 
 
 def _validate(value: Any, schema: Schema, path: str, old: Any, errors: list[str]) -> None:
+    if value is old:
+        return  # the stored value itself, shared by the update: validated when it was written
     before = len(errors)
     expected = schema.get("type")
     if expected and not _has_type(value, expected):
@@ -148,7 +156,7 @@ def _validate(value: Any, schema: Schema, path: str, old: Any, errors: list[str]
                 f'{path}: Invalid value: "{value}": {path} in body should be at least '
                 f"{schema['minLength']} chars long"
             )
-        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+        if "pattern" in schema and _pattern(schema["pattern"]).search(value) is None:
             errors.append(
                 f'{path}: Invalid value: "{value}": {path} in body should match '
                 f"'{schema['pattern']}'"
@@ -179,6 +187,11 @@ def _validate(value: Any, schema: Schema, path: str, old: Any, errors: list[str]
             if not CEL_RULES[rule["rule"]](value, old):
                 field = path + rule.get("fieldPath", "")
                 errors.append(f"{field}: Invalid value: {rule.get('message', rule['rule'])}")
+
+
+@functools.cache
+def _pattern(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
 
 
 def _check_list_map(value: list[Any], schema: Schema, path: str, errors: list[str]) -> None:

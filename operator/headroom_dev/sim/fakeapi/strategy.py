@@ -183,7 +183,7 @@ def updated(target: Target, old: JSON, candidate: JSON, *, patched: bool) -> JSO
         errors = metadata_errors(metadata, decoding=not (patched and kind.custom))
     if kind.custom:
         schema = crd_schemas()[kind.plural]
-        prune_and_default(result, schema, root=True)
+        prune_and_default(result, schema, root=True, old=old)
         errors += validate(result, schema, old)
     if errors:
         raise invalid(kind.qualified_kind, name, errors)
