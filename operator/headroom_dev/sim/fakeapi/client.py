@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from headroom.kube.transport import ApiError, ApiUnavailableError
+from headroom.kube.transport import ApiError, ApiUnavailableError, Transport
 from headroom_dev.sim.fakeapi.faults import Fate, FaultPlan
 from headroom_dev.sim.fakeapi.jsonvalue import clone
 from headroom_dev.sim.fakeapi.kinds import parse_path
@@ -232,3 +232,9 @@ class FakeClient:
         finally:
             handle.cancel()
             self._sleeping.pop(waiter, None)
+
+
+if TYPE_CHECKING:
+
+    def _is_a_transport(client: FakeClient) -> Transport:
+        return client  # mypy checks FakeClient against the Protocol here
