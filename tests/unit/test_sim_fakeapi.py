@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from headroom.kube.transport import JSON, ApiError, list_all, resource_path
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, list_all, resource_path
 from headroom_dev.sim.fakeapi import FakeApiServer, FakeClient
 from headroom_dev.sim.fakeapi.jsonvalue import (
     PatchError,
@@ -477,5 +477,35 @@ def test_a_closed_or_abandoned_watch_stops_being_fed() -> None:
         reader.cancel()
         await asyncio.sleep(0)
         assert watchers == {}  # a reader cancelled mid-read hangs up, as aiohttp does
+
+    simulate(scenario)
+
+
+def test_a_watch_from_a_version_not_reached_yet_gets_only_what_comes_after_it() -> None:
+    async def scenario(server: FakeApiServer, api: FakeClient) -> None:
+        future = str(server.resource_version + 2)
+        loop = asyncio.get_running_loop()
+        for delay, name in ((1, "a"), (2, "b"), (3, "c")):
+            loop.call_later(delay, server.create_reservation, NS, name, "n1", 1)
+        events = await drain(api, RSV, future, timeout_seconds=5)
+        assert [n for _, _, n, _ in events] == ["c"]
+
+    simulate(scenario)
+
+
+def test_breaking_every_watch_as_an_api_server_restart_does() -> None:
+    async def scenario(server: FakeApiServer, api: FakeClient) -> None:
+        other = server.client("other")
+        version = str(server.resource_version)
+        readers = [
+            asyncio.create_task(anext(client.watch(RSV, resource_version=version)))
+            for client in (api, other)
+        ]
+        await asyncio.sleep(1)
+        server.break_watches()
+        for reader in readers:
+            with pytest.raises(ApiUnavailableError):
+                await reader
+        assert server.store.watchers[RESERVATIONS] == {}
 
     simulate(scenario)

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from headroom.api.constants import HEARTBEAT_ANNOTATION
-from headroom.kube.transport import ApiError, resource_path
+from headroom.kube.transport import ApiError, ApiUnavailableError, resource_path
 from headroom_dev.sim.fakeapi.client import FakeClient
 from headroom_dev.sim.fakeapi.events import EventLog
 from headroom_dev.sim.fakeapi.faults import FaultPlan
@@ -68,14 +68,20 @@ class FakeApiServer:
             continue_tokens_kept=continue_tokens_kept,
             events_kept=events_kept,
         )
-        self.clients: dict[str, FakeClient] = {}
+        self.clients: dict[str, FakeClient] = {}  # the latest client by name
+        self._every_client: list[FakeClient] = []
 
     def client(
         self, name: str, faults: FaultPlan | None = None, *, timeout: float | None = None
     ) -> FakeClient:
-        """A Transport for one process; a name reused means a new process with that name."""
+        """A Transport for one process; a name reused means a new process with that name.
+
+        ``faults`` stays the client's: its probabilities may be changed mid-run (an
+        outage: ``client.faults.refuse = 1.0``, later back to 0).
+        """
         client = FakeClient(self, name, faults, timeout=timeout)
         self.clients[name] = client
+        self._every_client.append(client)
         return client
 
     # -- observing ----------------------------------------------------------------------------
@@ -103,6 +109,13 @@ class FakeApiServer:
     @property
     def listener_errors(self) -> list[BaseException]:
         return self.store.listener_errors
+
+    def break_watches(self) -> None:
+        """Every open watch of every client fails with ApiUnavailableError, as when the
+        API server restarts or a load balancer drops its connections."""
+        for client in self._every_client:
+            for stream in list(client.streams.values()):
+                stream.fail(ApiUnavailableError(f"{client.name}: watch connection reset"))
 
     def compact(self) -> None:
         """Forget all history (etcd compaction): older watches and continue tokens get 410."""

@@ -76,7 +76,7 @@ class WatchStream:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._sent_revision = 0
+        self._sent_revision = self._since = 0
         self.delivered = 0
 
     def __aiter__(self) -> WatchStream:
@@ -199,6 +199,7 @@ class WatchStream:
         client.streams[self.id] = self
         for change in backlog:
             self.offer(change)
+        self._since = since  # from now on, only what comes after it
         now = loop.time()
         deadline = now + self._timeout
         self._timers["deadline"] = loop.call_at(deadline, self._close_server_side)
@@ -215,6 +216,8 @@ class WatchStream:
 
     def offer(self, change: Change) -> None:
         """A committed change of this kind: filter it and queue what the client would see."""
+        if change.revision <= self._since:
+            return  # asked from a version not reached yet: only what comes after it
         obj = change.obj
         target = self._target
         if (
