@@ -714,3 +714,50 @@ def test_events_are_created_with_a_generated_name(backend: Backend) -> None:
         )
 
     backend.run(scenario)
+
+
+def test_owner_pod_and_node_watches(backend: Backend) -> None:
+    async def scenario(api: Transport, ns: str) -> None:
+        pods = resource_path("", "v1", "pods", ns)
+        nodes = resource_path("", "v1", "nodes")
+        node = unique("contract-node")
+        _, version = await list_all(api, resource_path("", "v1", "pods"), limit=1)
+        owner = {"headroom.dev/owner": "true"}
+        spec = {"containers": [{"name": "c", "image": "x"}]}
+        await api.create(pods, {"metadata": {"name": "p", "labels": owner}, "spec": spec})
+        await api.create(pods, {"metadata": {"name": "q"}, "spec": spec})
+        await api.merge_patch(f"{pods}/p", {"metadata": {"annotations": {"beat": "1"}}})
+        await api.merge_patch(f"{pods}/p", {"metadata": {"labels": {"headroom.dev/owner": None}}})
+        await api.merge_patch(f"{pods}/p", {"metadata": {"labels": owner}})
+        deleted = await api.delete(f"{pods}/p")
+        await api.create(
+            nodes, {"metadata": {"name": node}, "status": {"capacity": {"memory": "1Gi"}}}
+        )
+        try:
+            await api.merge_patch(
+                f"{nodes}/{node}/status", {"status": {"capacity": {"memory": "2Gi"}}}
+            )
+        finally:
+            await api.delete(f"{nodes}/{node}")
+        pod_events = await watch_until_end(
+            api, resource_path("", "v1", "pods"), version, selector="headroom.dev/owner=true"
+        )
+        assert [(t, n) for t, n, _, _ in pod_events if n in ("p", "q")] == [
+            ("ADDED", "p"),
+            ("MODIFIED", "p"),
+            ("DELETED", "p"),  # the label went
+            ("ADDED", "p"),  # and came back
+            ("MODIFIED", "p"),  # marked for deletion
+            ("DELETED", "p"),
+        ]
+        assert pod_events[-1][2] == deleted["metadata"]["resourceVersion"]
+        assert int(pod_events[-2][2]) == int(deleted["metadata"]["resourceVersion"]) - 1
+        assert deleted["metadata"]["generation"] == 2  # a pod's deletion is a spec change
+        node_events = await watch_until_end(api, nodes, version, seconds=1)
+        assert [(t, n) for t, n, _, _ in node_events if n == node] == [
+            ("ADDED", node),
+            ("MODIFIED", node),
+            ("DELETED", node),
+        ]
+
+    backend.run(scenario)

@@ -12,7 +12,9 @@ tests and the exploration behind them, not assumed:
   it (whatever resourceVersion it carries), elsewhere it is 404;
 - a Node keeps the status it is created with (a kubelet registers that way); a
   Pod's status is reset to Pending; both ignore status on the main resource;
-- Pods count generation too and answer DELETE with the object itself;
+- Pods count generation too; deleting one (unscheduled, so no grace period) is
+  two revisions, a MODIFIED that sets ``deletionTimestamp`` and bumps the
+  generation, then the DELETED, and the answer is the object itself;
 - core list items carry no ``kind``/``apiVersion``.
 """
 
@@ -39,7 +41,7 @@ class Kind:
     generation: bool = False
     status_on_create: Literal["drop", "keep", "pending", "active"] = "keep"
     unconditional_update: bool = True
-    delete_returns_object: bool = False
+    graceful_deletion: bool = False
     create_on_update: bool = False
     stored: bool = True
 
@@ -68,7 +70,7 @@ PODS = Kind(
     status_subresource=True,
     generation=True,
     status_on_create="pending",
-    delete_returns_object=True,
+    graceful_deletion=True,
 )
 NAMESPACES = Kind("", "v1", "namespaces", "Namespace", namespaced=False, status_on_create="active")
 SECRETS = Kind("", "v1", "secrets", "Secret", namespaced=True)

@@ -352,14 +352,21 @@ class Store:
                 f"UID in the precondition ({uid}) does not match the UID in record "
                 f"({current_uid}). The object might have been deleted and then recreated",
             )
+        if kind.graceful_deletion:
+            # Marked for deletion first (a revision of its own), then gone: with no
+            # kubelet to wait for, the grace period is 0.
+            marked = dict(old)
+            marked["metadata"] = dict(old["metadata"])
+            marked["metadata"]["deletionTimestamp"] = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+            marked["metadata"]["deletionGracePeriodSeconds"] = 0
+            marked["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+            self._commit(kind, target.key, "MODIFIED", marked, old)
+            old = marked
         final = dict(old)
         final["metadata"] = dict(old["metadata"])
-        if kind.delete_returns_object:
-            final["metadata"]["deletionTimestamp"] = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
-            final["metadata"]["deletionGracePeriodSeconds"] = 0
         self._sorted[kind] = None
         self._commit(kind, target.key, "DELETED", final, old)
-        if kind.delete_returns_object:
+        if kind.graceful_deletion:
             return final
         details: JSON = {"name": target.name, "kind": kind.plural, "uid": current_uid}
         if kind.group:
