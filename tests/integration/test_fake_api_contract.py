@@ -583,6 +583,9 @@ def test_list_pages_are_one_consistent_snapshot(backend: Backend) -> None:
             400,
             "BadRequest",
         )
+        nowhere = await api.list_page(rsv_path("no-such-ns"))
+        assert nowhere["items"] == []  # a LIST in a missing namespace is empty, not 404
+        assert await refusal(api.get(rsv_path("no-such-ns", "a"))) == (404, "NotFound")
         namespaces = await api.list_page(resource_path("", "v1", "namespaces"), limit=500)
         assert namespaces["kind"] == "NamespaceList"
         assert all("kind" not in item for item in namespaces["items"])  # core list items: no kind
