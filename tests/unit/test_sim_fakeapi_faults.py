@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -338,6 +345,20 @@ async def toy_admission(api: Transport) -> None:
             version, last_relist = await relist(), asyncio.get_running_loop().time()
 
 
+def storm_faults(seed: int) -> FaultPlan:
+    return FaultPlan(
+        seed=seed,
+        throttle=0.05,
+        server_error=0.05,
+        refuse=0.05,
+        lose_answer=0.05,
+        latency=0.05,
+        watch_drop=0.02,
+        watch_duplicate=0.05,
+        watch_break=0.02,
+    )
+
+
 def storm(seed: int, reservations: int = 20) -> list[tuple[float, str, str, str | None]]:
     """A seeded storm around the toy controller; returns the trace of every mutation."""
 
@@ -359,18 +380,16 @@ def storm(seed: int, reservations: int = 20) -> list[tuple[float, str, str, str 
             assert sum(admitted.values()) <= CAPACITY, "over the node's limit"
 
         server.subscribe(check)
-        faults = dict(throttle=0.05, server_error=0.05, refuse=0.05, lose_answer=0.05)
-        faults.update(latency=0.05, watch_drop=0.02, watch_duplicate=0.05, watch_break=0.02)
-        first = server.client("operator-0", FaultPlan(seed=seed, **faults))  # type: ignore[arg-type]
+        first = server.client("operator-0", storm_faults(seed))
         operator = asyncio.create_task(toy_admission(first))
-        rng = __import__("random").Random(seed)
+        rng = random.Random(seed)
         for i in range(reservations):
             await asyncio.sleep(rng.uniform(0, 2))
             server.create_reservation(NS, f"r{i}", "n1", rng.choice((10, 20, 30)))
             if i == reservations // 2:  # crash and restart
                 first.kill()
                 operator.cancel()
-                second = server.client("operator-1", FaultPlan(seed=seed + 1, **faults))  # type: ignore[arg-type]
+                second = server.client("operator-1", storm_faults(seed + 1))
                 operator = asyncio.create_task(toy_admission(second))
             if rng.random() < 0.2:
                 victim = rng.choice(server.reservations())["metadata"]["name"]
@@ -394,6 +413,24 @@ def test_a_toy_controller_survives_a_seeded_storm_and_replays_exactly() -> None:
     assert len(first) > 30
     assert storm(11) == first
     assert storm(12) != first
+
+
+def storm_digest(seed: int) -> str:
+    return hashlib.sha256(json.dumps(storm(seed)).encode()).hexdigest()
+
+
+def test_a_storm_replays_exactly_in_another_process_with_another_hash_seed() -> None:
+    code = "from tests.unit.test_sim_fakeapi_faults import storm_digest; print(storm_digest(11))"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "PYTHONHASHSEED": "777"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.strip() == storm_digest(11)
 
 
 def test_storms_are_fast() -> None:
