@@ -9,18 +9,15 @@ each scenario over both and assert the same outcomes.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlencode
 
-import aiohttp
 import pytest
 
 from headroom.kube import client as kube
-from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, resource_path
+from headroom.kube.transport import JSON, ApiError, Transport, resource_path
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.sim.fakeapi import FakeApiServer
 from headroom_dev.sim.loop import run_virtual
@@ -30,84 +27,6 @@ Scenario = Callable[[Transport, str], Awaitable[T]]
 
 GROUP, VERSION = "headroom.dev", "v1alpha1"
 JSON_PATCH_REJECTED = (422, "Invalid")
-
-
-class KubeTransport:
-    """``KubeClient`` seen through the Transport interface.
-
-    The client on this branch predates ``transport.py`` (its own ApiError, no
-    ``replace``/``list_page``, no label selector on ``watch``); this adapter adds
-    exactly that and nothing else, over the client's own session and requests.
-    """
-
-    def __init__(self, client: kube.KubeClient) -> None:
-        self.client = client
-
-    async def _do(self, call: Awaitable[JSON]) -> JSON:
-        try:
-            return await call
-        except kube.ApiError as error:
-            raise ApiError(error.status, error.reason, error.message) from error
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise ApiUnavailableError(repr(error)) from error
-
-    async def get(self, path: str) -> JSON:
-        return await self._do(self.client.get(path))
-
-    async def create(self, path: str, body: JSON) -> JSON:
-        return await self._do(self.client.create(path, body))
-
-    async def replace(self, path: str, body: JSON) -> JSON:
-        return await self._do(self.client.request("PUT", path, body=body))
-
-    async def merge_patch(self, path: str, body: JSON) -> JSON:
-        return await self._do(self.client.merge_patch(path, body))
-
-    async def json_patch(self, path: str, operations: list[JSON]) -> JSON:
-        return await self._do(self.client.json_patch(path, operations))
-
-    async def delete(self, path: str, *, uid: str | None = None) -> JSON:
-        return await self._do(self.client.delete(path, uid=uid))
-
-    async def list_page(
-        self,
-        path: str,
-        *,
-        limit: int = 500,
-        continue_token: str | None = None,
-        label_selector: str | None = None,
-    ) -> JSON:
-        params: dict[str, str | int] = {"limit": limit}
-        if continue_token:
-            params["continue"] = continue_token
-        if label_selector:
-            params["labelSelector"] = label_selector
-        return await self._do(self.client.request("GET", path, params=params))
-
-    async def watch(
-        self,
-        path: str,
-        *,
-        resource_version: str,
-        label_selector: str | None = None,
-        timeout_seconds: int = 270,
-    ) -> AsyncIterator[JSON]:
-        params: dict[str, str | int] = {
-            "watch": "true",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": timeout_seconds,
-        }
-        if label_selector:
-            params["labelSelector"] = label_selector
-        url = path.lstrip("/") + "?" + urlencode(params)
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
-        async with self.client._session.get(url, timeout=timeout) as response:
-            if response.status >= 300:
-                raise ApiError(response.status, "", await response.text())
-            async for line in response.content:
-                if line.strip():
-                    yield json.loads(line)
 
 
 @dataclass
@@ -130,7 +49,7 @@ def real_backend(control_plane: ControlPlane, namespace: str) -> Backend:
         async def main() -> T:
             client = kube.KubeClient(credentials, timeout=60)
             try:
-                return await scenario(KubeTransport(client), namespace)
+                return await scenario(client, namespace)
             finally:
                 await client.close()
 

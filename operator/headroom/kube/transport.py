@@ -69,7 +69,9 @@ class Transport(Protocol):
     async def create(self, path: str, body: JSON) -> JSON: ...
 
     async def replace(self, path: str, body: JSON) -> JSON:
-        """PUT; with ``metadata.resourceVersion`` it fails with 409 if the object moved."""
+        """PUT; with ``metadata.resourceVersion`` it fails with 409 if the object moved.
+        Without one it is 422 for Reservations, NodeHeadrooms and Leases; a PUT to a
+        missing Lease creates it."""
         ...
 
     async def merge_patch(self, path: str, body: JSON) -> JSON: ...
@@ -102,7 +104,9 @@ class Transport(Protocol):
         timeout_seconds: int = 270,
     ) -> AsyncIterator[JSON]:
         """Events after ``resource_version`` (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR),
-        until the server ends the watch; ApiError 410 if that version is too old."""
+        until the server ends the watch. A version too old for the server comes back
+        as an ERROR event carrying a 410 Status (kube-apiserver answers 200 and sends
+        that event), or as ApiError 410."""
         ...
 
 
