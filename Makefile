@@ -52,6 +52,11 @@ test-unit: venv ## Fast tests of the pure code; no cluster.
 test: venv controlplane verify ## Install what is missing, then run every test (unit, integration, e2e).
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
 
+.PHONY: sim
+sim: venv ## Many more simulation schedules than make test runs (SCHEDULES=20000, BASE=random).
+	HEADROOM_SIM_SCHEDULES=$(or $(SCHEDULES),20000) HEADROOM_SIM_BASE=$(or $(BASE),$$RANDOM$$RANDOM) \
+		$(VENV)/bin/pytest tests/unit/test_simulation.py -s $(PYTEST_ARGS)
+
 .PHONY: bench
 bench: venv controlplane ## Benchmarks (not part of test): core ledger and the operator on the local control plane.
 	mkdir -p bench/results

@@ -111,8 +111,11 @@ async def test_a_reservation_reclaimed_while_its_admission_backs_off_is_never_ad
     uid = created["metadata"]["uid"]
     await eventually(lambda: uid in controller.state.holders.values(), what="admitted in memory")
     await eventually(
-        lambda: not controller.state.holders, within=10, what="reclaimed at its expiry"
+        lambda: controller.state.records[uid].decision.phase == "Reclaimed",
+        within=10,
+        what="reclaimed at its expiry",
     )
+    assert controller.state.holders  # held until the object shows Reclaimed
     assert transport.calls_to("PATCH", "/reservations/brief/status") >= 2  # it did back off
     refusing.times = 0  # the API server answers again
     await eventually(lambda: controller.state.records[uid].confirmed, what="status written")
@@ -146,7 +149,14 @@ async def test_a_reclaim_whose_writes_keep_failing_is_written_in_the_end(
     await asyncio.to_thread(rsv.create, custom, namespace, "refused", node, 1024, expiresAt=soon(2))
     await asyncio.to_thread(rsv.wait_for, custom, namespace, "refused")
     forbidden = transport.add(Rule("PATCH", "/reservations/refused/status", "refuse-403"))
-    await eventually(lambda: not controller.state.holders, within=10, what="reclaimed in memory")
+    await eventually(
+        lambda: any(
+            r.decision.phase == "Reclaimed" and not r.confirmed
+            for r in controller.state.records.values()
+        ),
+        within=10,
+        what="reclaimed in memory",
+    )
     await asyncio.sleep(2)
     attempts = transport.calls_to("PATCH", "/reservations/refused/status")
     assert attempts <= 3, f"{attempts} attempts in 2 s: a refusal is not retried in a loop"

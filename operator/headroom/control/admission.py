@@ -202,6 +202,7 @@ class Admission:
             decision=decision,
             pod=pod if phase == Phase.ADMITTED else None,
             beats=beats,
+            changed_at=self._clock.monotonic(),
             seen_at=self._clock.monotonic(),
             seen_monotonic=pending.seen,
         )

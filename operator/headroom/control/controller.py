@@ -42,7 +42,7 @@ from headroom.control.telemetry import NoTelemetry, Telemetry
 from headroom.control.writer import StatusWriter
 from headroom.kube.clock import Clock, SystemClock
 from headroom.kube.events import EventRecorder
-from headroom.kube.transport import JSON, Transport, list_all
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
 from headroom.kube.watch import follow
 from headroom.ledger import Entry
 from headroom.objects.nodes import node_capacity
@@ -211,6 +211,7 @@ class Controller:
             decision = record.decision
             decision.decision_id = f"{self.admission.run_id}-adopted-{number}"
             decision.stamp = stamper.sign(record.uid, decision.decision_id, str(decision.phase))
+            record.changed_at = self.clock.monotonic()
             record.confirmed = False
             self.writer.ensure(record.uid)
         while any(self.state.records.get(r.uid) is r and not r.confirmed for r in records):  # noqa: ASYNC110 - one look at all of them every half second
@@ -246,11 +247,13 @@ class Controller:
             self.on_node(None, node)
         self.owners.take(pods)  # no held reservation yet: nothing to read back
         self._restoring = []
-        reservations.sort(key=lambda o: (o.get("metadata") or {}).get("creationTimestamp", ""))
-        for obj in reservations:
-            self.reconcile(obj)
-        self._restore(self._restoring)
-        self._restoring = None
+        try:
+            reservations.sort(key=lambda o: (o.get("metadata") or {}).get("creationTimestamp", ""))
+            for obj in reservations:
+                self.reconcile(obj)
+            self._restore(self._restoring)
+        finally:
+            self._restoring = None
         for record in self.state.held_records():
             if record.pod and (record.namespace, record.pod) not in self.state.pods:
                 self.owners.check_gone((record.namespace, record.pod))
@@ -286,7 +289,9 @@ class Controller:
             for step in (self.resync, self.relist_nodes, self.owners.relist):
                 try:
                     await step()
-                except Exception:  # a failed resync is done again next period
+                except (ApiError, ApiUnavailableError) as error:  # done again next period
+                    log.warning("resync step %s failed: %s", step.__name__, error)
+                except Exception:
                     log.exception("resync step %s failed", step.__name__)
 
     async def resync(self) -> str:
@@ -466,6 +471,8 @@ class Controller:
             return
         record.announced = True
         decision = record.decision
+        if record.held:  # its owner learns of it only now: its stale clock starts now
+            self.state.ledger.heartbeat(record.entry_id, self.clock.now())
         if decision.phase != Phase.RECLAIMED:
             latency = self.clock.monotonic() - record.seen_monotonic
             self.telemetry.decision_written(str(decision.phase), latency)
@@ -476,6 +483,8 @@ class Controller:
             "Normal" if decision.phase == Phase.ADMITTED else "Warning",
         )
         if decision.phase == Phase.RECLAIMED:
+            self.reclaimer.release_reclaimed(record)
+            self.admission.wake()  # capacity came back
             self.reclaimer.schedule_deletion(record.namespace, record.name, record.uid, decision.at)
 
     # -- heartbeats --------------------------------------------------------------------------

@@ -184,17 +184,27 @@ class Reclaimer:
         return True
 
     def reclaim(self, record: Record, reason: Reason, message: str) -> None:
-        """Take an admitted reservation's capacity back; its status says why."""
-        state, now = self._state, self._clock.now()
-        if not record.held or state.holders.get(record.entry_id) != record.uid:
+        """Take an admitted reservation back: its status says Reclaimed and why.
+
+        The ledger keeps its capacity until the object shows Reclaimed
+        (:meth:`release_reclaimed`): until then its owner, and anyone reading the
+        API, still sees Admitted, so giving the capacity to another reservation
+        first would put two Admitted claims on the same memory.
+        """
+        if not record.held or not self._state.holds(record):
             return
-        state.ledger.reclaim_entry(record.entry_id)
-        state.unhold(record)
-        record.decision = Decision(Phase.RECLAIMED, reason, message, now)
+        record.decision = Decision(Phase.RECLAIMED, reason, message, self._clock.now())
+        record.changed_at = self._clock.monotonic()
         record.confirmed = False
         record.announced = False
         self._telemetry.reclaimed(str(reason))
         self._writer.ensure(record.uid)
+
+    def release_reclaimed(self, record: Record) -> None:
+        """The object shows Reclaimed: now its capacity goes back to the ledger."""
+        if self._state.holds(record):
+            self._state.ledger.reclaim_entry(record.entry_id)
+            self._state.unhold(record)
 
     # -- deletion after retention --------------------------------------------------------------
 

@@ -36,6 +36,7 @@ class Record:
     node: str
     decision: Decision
     pod: str | None = None
+    changed_at: float = 0.0  # monotonic time ``decision`` was last set
     confirmed: bool = False  # the object is known to carry ``decision``
     announced: bool = False  # its Event was posted and its metrics counted
     beats: dict[str, str | None] = field(default_factory=dict)  # source -> last value seen
@@ -94,11 +95,15 @@ class State:
                 if not owned:
                     del self.owned[key]
 
+    def holds(self, record: Record) -> bool:
+        """Whether the ledger holds this incarnation's capacity (admitted, or reclaimed
+        but not yet shown as Reclaimed on its object)."""
+        return self.holders.get(record.entry_id) == record.uid
+
     def release(self, record: Record) -> None:
-        """Return an admitted record's capacity (its object is gone)."""
-        if record.held and self.holders.get(record.entry_id) == record.uid:
+        """Return a record's capacity, if the ledger holds it (its object is gone)."""
+        if self.holds(record):
             self.ledger.release(record.entry_id)
-        if record.held:
             self.unhold(record)
 
     def forget(self, uid: str) -> Record | None:

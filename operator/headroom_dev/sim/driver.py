@@ -1,0 +1,469 @@
+"""Seeded schedules of everything that can happen, driving the real control code.
+
+One schedule, from one seed: a fake API server on a virtual-time loop, one or
+two operator processes (``headroom.control.Controller`` exactly as production
+runs it, with leader election in some schedules), nodes, tenants who create,
+heartbeat (through their reservation or an owner pod) and delete reservations,
+and an adversary who resizes and deletes nodes, deletes and unlabels owner
+pods, crashes and restarts the operator, pauses the leader past its Lease,
+cuts the network for a while, breaks watches and compacts history — on top of
+a network that throttles, fails, loses answers and drops, duplicates and
+delays watch events. Then everything calms down, every owner goes silent, and
+the schedule runs until it quiesces. :mod:`headroom_dev.sim.checks` says what
+is checked.
+
+Replay one schedule, with the operator's log::
+
+    python -m headroom_dev.sim.driver --seed 1234 -v
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from headroom.api.config import OperatorConfig
+from headroom.api.constants import OWNER_LABEL
+from headroom.control.controller import Controller
+from headroom.control.supervisor import Supervisor
+from headroom.kube.events import EventRecorder
+from headroom.kube.leader import LeaderElector, LeaseSettings
+from headroom.kube.transport import ApiError, ApiUnavailableError, resource_path
+from headroom_dev.sim.checks import Checker, Replica
+from headroom_dev.sim.fakeapi import FakeApiServer, FaultPlan
+from headroom_dev.sim.fakeapi.client import FakeClient
+from headroom_dev.sim.loop import VirtualClock, run_virtual
+
+NAMESPACE = "sim"
+LEASE = ("kube-system", "headroom")
+WINDOW = 20.0
+QUIESCE = 90.0  # virtual seconds of calm at the end: a window, a resync, and slack
+
+
+@dataclass
+class Outcome:
+    seed: int
+    violations: list[str]
+    stats: dict[str, int] = field(default_factory=dict)
+    revision: int = 0  # the fake server's last resourceVersion: equal runs, equal revisions
+
+
+def simulate(seed: int) -> Outcome:
+    """Run the schedule of ``seed`` to quiescence and check it."""
+    return run_virtual(_Schedule(seed).run(), max_virtual_seconds=3600)
+
+
+def _config(leader: bool) -> OperatorConfig:
+    return OperatorConfig.model_validate(
+        {
+            "limits": {"heartbeatStaleWindow": f"{WINDOW:g}s", "maxEntriesPerNode": 6},
+            "sweepPeriod": "1s",
+            "summaryInterval": "500ms",
+            "resyncPeriod": "30s",
+            "reclaimedRetention": "2m",
+            "leaderElection": {
+                "enabled": leader,
+                "namespace": LEASE[0],
+                "leaseName": LEASE[1],
+                "leaseDuration": "6s",
+                "renewDeadline": "4s",
+                "retryPeriod": "1s",
+            },
+        }
+    )
+
+
+class Process:
+    """One operator process: a client (its network), a controller, maybe a Lease."""
+
+    def __init__(self, schedule: _Schedule, number: int) -> None:
+        self.schedule, s = schedule, schedule
+        self.name = f"operator-{number}"
+        self.run_id = f"r{number}"
+        self.client: FakeClient = s.server.client(self.name, s.faults(number))
+        self.alive = True
+        self.elector: LeaderElector | None = None
+        if s.config.leader_election.enabled:
+            e = s.config.leader_election
+            self.elector = LeaderElector(
+                self.client,
+                LeaseSettings(
+                    LEASE[0],
+                    LEASE[1],
+                    self.name,
+                    e.lease_duration,
+                    e.renew_deadline,
+                    e.retry_period,
+                ),
+                s.clock,
+            )
+        elector = self.elector
+        self.controller = Controller(
+            s.config,
+            self.client,
+            clock=s.clock,
+            supervisor=Supervisor(on_failure=lambda reason: self.crash(f"supervisor: {reason}")),
+            may_act=elector.may_act if elector else (lambda: True),
+            time_left=elector.time_left if elector else (lambda: 30.0),
+            rng=random.Random(s.rng.random()),
+            run_id=self.run_id,
+            events=EventRecorder(self.client, clock=s.clock, instance=self.name),
+        )
+        self.replica = Replica(self.name, self.run_id, started_at=float("inf"))
+        s.checker.replicas[self.run_id] = self.replica
+        self.task = asyncio.create_task(self._run(), name=f"{self.name}-main")
+
+    async def _run(self) -> None:
+        s = self.schedule
+        if self.elector is not None:
+            await self.elector.acquire()
+            self.controller.supervisor.spawn(
+                "lease", self.elector.hold(on_lost=lambda: self.crash("lost the Lease"))
+            )
+        while True:  # as kopf retries a start-up handler that failed
+            self.replica.started_at = s.now()
+            try:
+                await self.controller.start()
+                break
+            except (ApiError, ApiUnavailableError):
+                await asyncio.sleep(1.0)
+        self.replica.controller = self.controller
+        s.checker.deciders.append(self.replica)
+
+    def crash(self, why: str = "killed") -> None:
+        """The process dies: its network goes, its tasks stop, nothing is written after."""
+        if not self.alive:
+            return
+        self.alive = False
+        self.replica.controller = None  # a dead process writes nothing more
+        self.schedule.log(f"{self.name} crashes ({why})")
+        self.client.kill()
+        self.task.cancel()
+        self.schedule.spawn(self.controller.stop())
+        self.schedule.restart_later()  # as the Deployment would
+
+
+class _Schedule:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.clock = VirtualClock()
+        self.server = FakeApiServer(
+            self.clock,
+            seed=seed,
+            history_limit=self.rng.choice([40, 1000]),
+            bookmark_interval=self.rng.choice([5.0, 60.0]),
+        )
+        self.leader = self.rng.random() < 0.35
+        self.config = _config(self.leader)
+        lease_path = resource_path("coordination.k8s.io", "v1", "leases", *LEASE)
+        self.pauses: list[tuple[str, float, float]] = []  # (run id, from, to)
+        self.checker = Checker(
+            self.config,
+            now=self.now,
+            lease=(lambda: self.server.get(lease_path)) if self.leader else (lambda: None),
+            paused=lambda run_id, since, until: any(
+                r == run_id and start <= until and end >= since for r, start, end in self.pauses
+            ),
+        )
+        self.server.subscribe(self.checker.on_change)
+        self.processes: list[Process] = []
+        self.numbers = 0
+        self.nodes: dict[str, int] = {}
+        self.reservations: list[str] = []
+        self.owners: dict[str, str] = {}  # reservation -> owner pod
+        self.beating: dict[str, asyncio.Task[None]] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.stats: dict[str, int] = {}
+        self.noisy = self.rng.random() < 0.8  # a network that misbehaves all along
+        self.trace: list[str] = []
+        self.calmed = False
+        self.ending = False
+
+    def now(self) -> float:
+        return self.clock.monotonic()
+
+    def log(self, line: str) -> None:
+        self.trace.append(f"{self.now():8.3f} {line}")
+        logging.getLogger("sim").info("%s", line)
+
+    def spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def faults(self, number: int) -> FaultPlan:
+        if not self.noisy:
+            return FaultPlan(seed=self.seed * 31 + number)
+        return FaultPlan(
+            seed=self.seed * 31 + number,
+            throttle=0.02,
+            server_error=0.02,
+            lose_answer=0.02,
+            refuse=0.01,
+            latency=0.05,
+            watch_break=0.01,
+            watch_drop=0.01,
+            watch_duplicate=0.01,
+            watch_expire=0.005,
+            watch_delay=0.2,
+        )
+
+    def count(self, what: str) -> None:
+        self.stats[what] = self.stats.get(what, 0) + 1
+
+    # -- the schedule ----------------------------------------------------------------------
+
+    async def run(self) -> Outcome:
+        self.server.ensure_namespace(NAMESPACE)
+        for i in range(self.rng.randint(1, 3)):
+            self.put_node(f"node-{i}")
+        for _ in range(2 if self.leader else 1):
+            self.start_process()
+        actions: list[tuple[float, Callable[[], None]]] = [
+            (12, self.create_reservation),
+            (2, self.delete_reservation),
+            (1.5, self.resize_node),
+            (0.5, self.delete_node),
+            (1, self.delete_owner_pod),
+            (0.5, self.unlabel_owner_pod),
+            (1, self.crash_and_restart),
+            (1, self.pause_leader),
+            (1, self.outage),
+            (0.5, self.break_watches),
+            (0.3, self.compact),
+        ]
+        weights = [w for w, _ in actions]
+        for _ in range(self.rng.randint(10, 35)):
+            await asyncio.sleep(self.rng.expovariate(1 / 1.5))
+            self.rng.choices(actions, weights)[0][1]()
+        await self.calm()
+        living = next((p for p in reversed(self.processes) if p.alive), None)
+        controller = living.controller if living is not None and living.replica.controller else None
+        self.checker.final(self.server.reservations(), controller)
+        self.ending = True
+        for process in self.processes:
+            process.crash("end of schedule")
+        await asyncio.sleep(10)  # their bounded stops
+        self.checker.violations.extend(repr(e) for e in self.server.listener_errors)
+        stats = {**self.stats, **self.checker.counts}
+        return Outcome(self.seed, self.checker.violations, stats, self.server.resource_version)
+
+    async def calm(self) -> None:
+        """No more faults, every owner silent, one live operator; wait for quiescence."""
+        self.log("calm")
+        self.calmed = True
+        for process in self.processes:
+            for name in (
+                "throttle",
+                "server_error",
+                "lose_answer",
+                "refuse",
+                "latency",
+                "watch_break",
+                "watch_drop",
+                "watch_duplicate",
+                "watch_expire",
+                "watch_delay",
+            ):
+                if process.client.faults is not None:
+                    setattr(process.client.faults, name, 0.0)
+            if process.client.paused:
+                process.client.resume()
+        for task in self.beating.values():
+            task.cancel()
+        if not any(p.alive for p in self.processes):
+            self.start_process()
+        await asyncio.sleep(QUIESCE)
+
+    # -- operators -------------------------------------------------------------------------
+
+    def start_process(self) -> None:
+        self.numbers += 1
+        self.processes.append(Process(self, self.numbers))
+        self.log(f"operator-{self.numbers} starts")
+
+    def crash_and_restart(self) -> None:
+        living = [p for p in self.processes if p.alive]
+        if living:
+            self.rng.choice(living).crash()
+            self.count("crash")
+
+    def restart_later(self) -> None:
+        """A crashed operator comes back after a while (a pod restart, an image pull)."""
+        if self.ending:
+            return
+        delay = self.rng.uniform(0, 30)
+
+        async def restart() -> None:
+            await asyncio.sleep(delay)
+            alive = sum(1 for p in self.processes if p.alive)
+            if not self.ending and alive < (2 if self.leader else 1):
+                self.start_process()  # without a Lease, never two operators at once
+
+        self.spawn(restart())
+
+    def pause_leader(self) -> None:
+        living = [p for p in self.processes if p.alive and not p.client.paused]
+        if not living:
+            return
+        process = self.rng.choice(living)
+        seconds = self.rng.uniform(2, 15)
+        process.client.pause()
+        self.pauses.append((process.run_id, self.now(), self.now() + seconds))
+        self.log(f"{process.name} paused for {seconds:.1f}s")
+        self.count("pause")
+
+        async def resume() -> None:
+            await asyncio.sleep(seconds)
+            process.client.resume()
+
+        self.spawn(resume())
+
+    def outage(self) -> None:
+        living = [p for p in self.processes if p.alive and p.client.faults is not None]
+        if not living:
+            return
+        faults = self.rng.choice(living).client.faults
+        assert faults is not None
+        seconds = self.rng.uniform(1, 10)
+        faults.refuse = 1.0
+        self.count("outage")
+
+        async def back() -> None:
+            await asyncio.sleep(seconds)
+            faults.refuse = 0.01 if self.noisy and not self.calmed else 0.0
+
+        self.spawn(back())
+
+    def break_watches(self) -> None:
+        self.server.break_watches()
+
+    def compact(self) -> None:
+        self.server.compact()
+
+    # -- nodes -----------------------------------------------------------------------------
+
+    def put_node(self, name: str) -> None:
+        memory = self.rng.choice([2048, 3072, 4096, 8192])
+        self.nodes[name] = memory
+        self.server.put_node(name, memory=memory)
+
+    def resize_node(self) -> None:
+        if self.nodes:
+            self.put_node(self.rng.choice(sorted(self.nodes)))
+            self.count("resize")
+
+    def delete_node(self) -> None:
+        if not self.nodes:
+            return
+        name = self.rng.choice(sorted(self.nodes))
+        del self.nodes[name]
+        self.server.delete_node(name)
+        self.count("node-delete")
+        if self.rng.random() < 0.7:
+
+            async def back() -> None:
+                await asyncio.sleep(self.rng.uniform(1, 20))
+                self.put_node(name)
+
+            self.spawn(back())
+
+    # -- tenants ---------------------------------------------------------------------------
+
+    def create_reservation(self) -> None:
+        name = f"r{len(self.reservations)}"
+        self.reservations.append(name)
+        node = self.rng.choice([*sorted(self.nodes), "node-9"]) if self.nodes else "node-0"
+        spec: dict[str, Any] = {}
+        if self.rng.random() < 0.2:
+            spec["expiresAt"] = (
+                self.clock.now() + timedelta(seconds=self.rng.uniform(1, 60))
+            ).strftime("%Y-%m-%dT%H:%M:%SZ")
+        how = self.rng.choice(["silent", "self", "self", "pod", "pod", "late-pod", "no-pod"])
+        if how in ("pod", "late-pod", "no-pod"):
+            pod = f"owner-{name}"
+            spec["owner"] = {"pod": pod}
+            self.owners[name] = pod
+            if how == "pod":
+                self.server.create_pod(NAMESPACE, pod, labels={OWNER_LABEL: "true"})
+        try:
+            self.server.create_reservation(
+                NAMESPACE, name, node, self.rng.choice([256, 512, 1024, 2048, 3072]), **spec
+            )
+        except ApiError:
+            return
+        self.count("create")
+        if how == "late-pod":  # created just after its reservation: the operator must look it up
+            self.server.create_pod(NAMESPACE, f"owner-{name}", labels={OWNER_LABEL: "true"})
+        if how in ("self", "pod", "late-pod"):
+            lifetime = self.rng.uniform(0, 120)
+            self.beating[name] = asyncio.create_task(self.beat(name, how == "self", lifetime))
+
+    async def beat(self, name: str, on_reservation: bool, lifetime: float) -> None:
+        """An owner alive for ``lifetime`` seconds, beating every few seconds."""
+        until = self.now() + lifetime
+        while self.now() < until:
+            await asyncio.sleep(self.rng.uniform(1, WINDOW / 3))
+            with contextlib.suppress(ApiError):
+                if on_reservation:
+                    self.server.heartbeat(NAMESPACE, name)
+                else:
+                    self.server.heartbeat_pod(NAMESPACE, self.owners[name])
+
+    def delete_reservation(self) -> None:
+        if not self.reservations:
+            return
+        name = self.rng.choice(self.reservations)
+        with contextlib.suppress(ApiError):
+            self.server.delete_reservation(NAMESPACE, name)
+            self.count("delete")
+        if (task := self.beating.pop(name, None)) is not None:
+            task.cancel()
+
+    def delete_owner_pod(self) -> None:
+        if not self.owners:
+            return
+        name = self.rng.choice(sorted(self.owners))
+        with contextlib.suppress(ApiError):
+            self.server.delete_pod(NAMESPACE, self.owners[name])
+            self.count("pod-delete")
+        if (task := self.beating.pop(name, None)) is not None:
+            task.cancel()
+
+    def unlabel_owner_pod(self) -> None:
+        if not self.owners:
+            return
+        pod = self.owners[self.rng.choice(sorted(self.owners))]
+        with contextlib.suppress(ApiError):
+            path = resource_path("", "v1", "pods", NAMESPACE, pod)
+            self.server.merge_patch(path, {"metadata": {"labels": {OWNER_LABEL: None}}})
+            self.count("unlabel")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("-v", "--verbose", action="store_true", help="the operator's log too")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.CRITICAL,
+        format="%(name)s %(levelname)s %(message)s",
+    )
+    outcome = simulate(args.seed)
+    print(f"seed {args.seed}: {outcome.stats}")
+    for violation in outcome.violations:
+        print(f"  VIOLATION {violation}")
+    return 1 if outcome.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
