@@ -30,6 +30,7 @@ from types import TracebackType
 
 import yaml
 
+from headroom.kube.client import Credentials
 from headroom_dev.certs import CertificateAuthority, KeyPair, service_account_key_pem
 
 DEFAULT_BIN_DIR = Path.home() / ".cache" / "headroom" / "bin" / "current"
@@ -179,6 +180,15 @@ class ControlPlane:
         self.apiserver.stop()
 
     # -- identities ------------------------------------------------------------------
+
+    def admin_credentials(self) -> Credentials:
+        """How the operator's own client reaches this control plane as its admin."""
+        return Credentials(
+            server=self.url,
+            ca_file=str(self.pki / "ca.crt"),
+            cert_file=str(self.pki / "admin.crt"),
+            key_file=str(self.pki / "admin.key"),
+        )
 
     def client_identity(self, user: str, groups: tuple[str, ...] = ()) -> KeyPair:
         return self.ca.client(user, groups)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from kubernetes import client
 
 GROUP, VERSION, PLURAL = "headroom.dev", "v1alpha1", "reservations"
+HEARTBEAT = f"{GROUP}/heartbeat"
 DECIDED = ("Admitted", "Rejected", "Reclaimed")
 
 
@@ -51,6 +53,32 @@ def list_all(custom: client.CustomObjectsApi, namespace: str | None = None) -> l
     else:
         result = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
     return cast(list[dict[str, Any]], cast(dict[str, Any], result)["items"])
+
+
+def heartbeat(
+    custom: client.CustomObjectsApi, namespace: str, name: str, value: str | None = None
+) -> None:
+    """Write the heartbeat annotation as an owner would (default: now, to the microsecond)."""
+    beat = value or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    patch = {"metadata": {"annotations": {HEARTBEAT: beat}}}
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+
+
+def heartbeat_pod(
+    core: client.CoreV1Api, namespace: str, name: str, value: str | None = None
+) -> None:
+    """Write the heartbeat annotation on an owner pod."""
+    beat = value or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {HEARTBEAT: beat}}})
+
+
+def write_status(
+    custom: client.CustomObjectsApi, namespace: str, name: str, status: dict[str, Any]
+) -> None:
+    """Write a status as someone with status rights but not the operator's key would."""
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+    )
 
 
 def delete(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:

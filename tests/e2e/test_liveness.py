@@ -61,22 +61,13 @@ def beaters() -> Iterator[list[Beater]]:
 
 
 def annotate_pod(core: client.CoreV1Api, namespace: str, name: str) -> Callable[[str], Any]:
-    return lambda value: core.patch_namespaced_pod(
-        name, namespace, {"metadata": {"annotations": {"headroom.dev/heartbeat": value}}}
-    )
+    return lambda value: rsv.heartbeat_pod(core, namespace, name, value)
 
 
 def annotate_reservation(
     custom: client.CustomObjectsApi, namespace: str, name: str
 ) -> Callable[[str], Any]:
-    return lambda value: custom.patch_namespaced_custom_object(
-        "headroom.dev",
-        "v1alpha1",
-        namespace,
-        "reservations",
-        name,
-        {"metadata": {"annotations": {"headroom.dev/heartbeat": value}}},
-    )
+    return lambda value: rsv.heartbeat(custom, namespace, name, value)
 
 
 def phase(custom: client.CustomObjectsApi, namespace: str, name: str) -> str:

@@ -59,14 +59,7 @@ class Scene:
         return full
 
     def annotate(self, name: str, value: str) -> None:
-        self.custom.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            self.namespace,
-            "reservations",
-            name,
-            {"metadata": {"annotations": {"headroom.dev/heartbeat": value}}},
-        )
+        rsv.heartbeat(self.custom, self.namespace, name, value)
 
     def status(self, name: str, phases: tuple[str, ...] = rsv.DECIDED) -> dict[str, Any]:
         return dict(rsv.wait_for(self.custom, self.namespace, name, phases)["status"])

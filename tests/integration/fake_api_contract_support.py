@@ -37,13 +37,7 @@ class Backend:
 
 
 def real_backend(control_plane: ControlPlane, namespace: str) -> Backend:
-    pki = control_plane.pki
-    credentials = kube.Credentials(
-        server=control_plane.url,
-        ca_file=str(pki / "ca.crt"),
-        cert_file=str(pki / "admin.crt"),
-        key_file=str(pki / "admin.key"),
-    )
+    credentials = control_plane.admin_credentials()
 
     def run(scenario: Scenario[T]) -> T:
         async def main() -> T:

@@ -17,22 +17,14 @@ from kubernetes import client
 
 from headroom.api.config import OperatorConfig
 from headroom.control.controller import Controller
-from headroom.kube.client import Credentials, KubeClient
+from headroom.kube.client import KubeClient
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 
 
 @pytest.fixture
 async def controller(control_plane: ControlPlane, crds: list[str]) -> AsyncIterator[Controller]:
-    pki = control_plane.pki
-    kube = KubeClient(
-        Credentials(
-            server=control_plane.url,
-            ca_file=str(pki / "ca.crt"),
-            cert_file=str(pki / "admin.crt"),
-            key_file=str(pki / "admin.key"),
-        )
-    )
+    kube = KubeClient(control_plane.admin_credentials())
     controller = Controller(OperatorConfig(), kube, follow_watches=False)
     yield controller
     await controller.stop()

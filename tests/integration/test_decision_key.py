@@ -87,21 +87,8 @@ def test_a_lost_key_keeps_every_decision_and_then_distrusts_forgeries(
     rsv.create(custom, namespace, "forged", node, 2048)
     assert rsv.wait_for(custom, namespace, "forged")["status"]["phase"] == "Rejected"
     operator.stop()
-    custom.patch_namespaced_custom_object_status(
-        "headroom.dev",
-        "v1alpha1",
-        namespace,
-        "reservations",
-        "forged",
-        {
-            "status": {
-                "phase": "Admitted",
-                "reason": "Fits",
-                "decisionID": "x",
-                "decisionStamp": "0",
-            }
-        },
-    )
+    forged = {"phase": "Admitted", "reason": "Fits", "decisionID": "x", "decisionStamp": "0"}
+    rsv.write_status(custom, namespace, "forged", forged)
     run_operator(config)
     status = rsv.wait_for(custom, namespace, "forged", ("Rejected",))["status"]
     assert status["decisionStamp"] != "0"

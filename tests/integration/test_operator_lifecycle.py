@@ -110,15 +110,7 @@ def test_stale_and_expired_reservations_are_reclaimed_then_deleted(
     # the window is 3 s and the sweep period 1 s, so that must happen within ~5 s.
     started, statuses = time.monotonic(), {}
     while time.monotonic() - started < 8:
-        beat = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        custom.patch_namespaced_custom_object(
-            "headroom.dev",
-            "v1alpha1",
-            namespace,
-            "reservations",
-            "alive",
-            {"metadata": {"annotations": {"headroom.dev/heartbeat": beat}}},
-        )
+        rsv.heartbeat(custom, namespace, "alive")
         statuses = {n: rsv.get(custom, namespace, n)["status"] for n in ("expiring", "silent")}
         if all(s["phase"] == "Reclaimed" for s in statuses.values()):
             break
@@ -162,10 +154,7 @@ def test_owner_pod_heartbeats_and_its_deletion_releases(
 
     deadline = time.monotonic() + 6
     while time.monotonic() < deadline:
-        beat = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        core.patch_namespaced_pod(
-            "trainer", namespace, {"metadata": {"annotations": {"headroom.dev/heartbeat": beat}}}
-        )
+        rsv.heartbeat_pod(core, namespace, "trainer")
         time.sleep(0.5)
     status = rsv.get(custom, namespace, "by-pod")["status"]
     assert status["phase"] == "Admitted", "pod heartbeats did not keep the reservation"

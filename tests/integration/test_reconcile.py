@@ -21,7 +21,7 @@ from kubernetes import client
 from headroom.api.config import OperatorConfig, parse_config
 from headroom.control.controller import Controller
 from headroom.control.supervisor import Supervisor
-from headroom.kube.client import Credentials, KubeClient
+from headroom.kube.client import KubeClient
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.faults import FaultyTransport, Rule
@@ -37,15 +37,7 @@ resyncPeriod: 1h
 
 @pytest.fixture
 async def transport(control_plane: ControlPlane, crds: list[str]) -> AsyncIterator[FaultyTransport]:
-    pki = control_plane.pki
-    kube = KubeClient(
-        Credentials(
-            server=control_plane.url,
-            ca_file=str(pki / "ca.crt"),
-            cert_file=str(pki / "admin.crt"),
-            key_file=str(pki / "admin.key"),
-        )
-    )
+    kube = KubeClient(control_plane.admin_credentials())
     yield FaultyTransport(kube)
     await kube.close()
 
