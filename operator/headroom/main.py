@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import socket
+import uuid
 from pathlib import Path
 
 import kopf
@@ -46,7 +47,9 @@ def _elector(config: OperatorConfig, client: KubeClient, clock: Clock) -> Leader
         LeaseSettings(
             namespace=election.namespace or os.environ.get("POD_NAMESPACE", "default"),
             name=election.lease_name,
-            identity=f"{socket.gethostname()}-{os.getpid()}",
+            # The pid is 1 in most containers: a restarted container must not find
+            # itself already holding the Lease it held before.
+            identity=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
             lease_duration=election.lease_duration,
             renew_deadline=election.renew_deadline,
             retry_period=election.retry_period,

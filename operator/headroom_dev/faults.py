@@ -9,8 +9,9 @@ a call by method and path; each says what happens and how many times.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 
@@ -20,13 +21,20 @@ class Rule:
     """``method`` and a substring of the path; ``times`` calls get ``fault``.
 
     fault: "refuse-<status>" (an ApiError, nothing sent), "unavailable" (nothing
-    sent), or "lose-answer" (sent and applied, then ApiUnavailableError).
+    sent), "lose-answer" (sent and applied, then ApiUnavailableError), or "hold"
+    (sent and answered, but the answer is handed over only after ``release()``:
+    a slow LIST whose snapshot is older than what happens meanwhile).
     """
 
     method: str
     path_contains: str
     fault: str
     times: int = 1_000_000
+    reached: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def release(self) -> None:
+        self.released.set()
 
     def matches(self, method: str, path: str) -> bool:
         return self.times > 0 and method == self.method and self.path_contains in path
@@ -58,6 +66,9 @@ class FaultyTransport:
         answer = await send()
         if rule is not None and rule.fault == "lose-answer":
             raise ApiUnavailableError(f"injected: answer lost for {method} {path}")
+        if rule is not None and rule.fault == "hold":
+            rule.reached.set()
+            await rule.released.wait()
         return answer
 
     async def get(self, path: str) -> JSON:

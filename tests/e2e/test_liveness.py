@@ -215,7 +215,7 @@ def test_owner_pods_gone_or_unlabelled_or_never_there(
     make_node(node, memory="16Gi")
     config = {"limits": {"heartbeatStaleWindow": "60s"}, "sweepPeriod": "200ms"}
     operator = run_operator(config)
-    for name in ("doomed", "unlabelled"):
+    for name in ("doomed", "unlabelled", "reborn"):
         make_pod(core, namespace, name)
         rsv.create(custom, namespace, f"of-{name}", node, 512, owner={"pod": name})
         assert rsv.wait_for(custom, namespace, f"of-{name}")["status"]["phase"] == "Admitted"
@@ -228,6 +228,12 @@ def test_owner_pods_gone_or_unlabelled_or_never_there(
     )
     time.sleep(2)
     assert phase(custom, namespace, "of-unlabelled") == "Admitted"  # running, only unlabelled
+
+    # Deleted and created again under the same name (a StatefulSet's pod): a new owner.
+    core.delete_namespaced_pod("reborn", namespace, grace_period_seconds=0)
+    make_pod(core, namespace, "reborn")
+    reborn = rsv.wait_for(custom, namespace, "of-reborn", ("Reclaimed",), timeout=10)["status"]
+    assert reborn["reason"] == "OwnerPodDeleted", reborn
 
     operator.kill()
     core.delete_namespaced_pod("doomed", namespace, grace_period_seconds=0)

@@ -26,6 +26,7 @@ from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.faults import FaultyTransport, Rule
 from headroom_dev.invariants import History
+from headroom_dev.nodes import set_node_memory
 
 CONFIG = """
 limits: {heartbeatStaleWindow: 30s}
@@ -220,3 +221,121 @@ async def test_a_task_that_dies_fails_healthz_and_stops_the_operator(
     assert not supervisor.healthy
     assert "sweeper" in reasons[0]
     assert controller.supervisor.failure == reasons[0]
+
+
+# -- races between a list and the watch (found by the simulation's review) ---------------------
+
+
+async def test_a_resync_list_older_than_a_delete_and_recreate_changes_nothing(
+    start: Callable[..., Any],
+    transport: FaultyTransport,
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """A list that still shows a deleted incarnation must not bring it back, nor make the
+    operator forget the incarnation that replaced it."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="10Gi")  # limit 9216
+    controller = await start(follow_watches=False)  # the test plays the watch
+    first = await asyncio.to_thread(rsv.create, custom, namespace, "x", node, 6000)
+    slow = transport.add(Rule("LIST", "/reservations", "hold", times=1))
+    resync = asyncio.create_task(controller.resync())
+    await slow.reached.wait()  # the list shows x, first incarnation, undecided
+    await asyncio.to_thread(rsv.delete, custom, namespace, "x")
+    controller.on_reservation("DELETED", first)
+    second = await asyncio.to_thread(rsv.create, custom, namespace, "x", node, 6000)
+    controller.on_reservation("ADDED", second)
+    assert (await asyncio.to_thread(rsv.wait_for, custom, namespace, "x"))["status"][
+        "phase"
+    ] == "Admitted"
+    slow.release()
+    await resync
+    await asyncio.sleep(1)
+    y = await asyncio.to_thread(rsv.create, custom, namespace, "y", node, 6000)
+    controller.on_reservation("ADDED", y)
+    decided = await asyncio.to_thread(rsv.wait_for, custom, namespace, "y")
+    assert decided["status"]["reason"] == "InsufficientRAM", decided["status"]
+    assert controller.state.holders[f"{namespace}/x"] == second["metadata"]["uid"]
+
+
+async def test_a_node_list_older_than_a_shrink_does_not_grow_the_node_back(
+    start: Callable[..., Any],
+    transport: FaultyTransport,
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="20Gi")
+    controller = await start()
+    slow = transport.add(Rule("LIST", "/api/v1/nodes", "hold", times=1))
+    relist = asyncio.create_task(controller.nodes.relist())
+    await slow.reached.wait()  # the list says 20 GiB
+    await asyncio.to_thread(set_node_memory, core, node, "10Gi")
+    await eventually(
+        lambda: controller.state.ledger.node_summary(node, datetime.now(UTC)).total_ram_mb == 10240,
+        what="the watch's shrink",
+    )
+    slow.release()
+    await relist
+    assert controller.state.ledger.node_summary(node, datetime.now(UTC)).total_ram_mb == 10240
+    await asyncio.to_thread(rsv.create, custom, namespace, "big", node, 15000)
+    big = await asyncio.to_thread(rsv.wait_for, custom, namespace, "big")
+    assert big["status"]["reason"] == "InsufficientRAM", big["status"]
+
+
+async def test_an_admission_whose_status_cannot_be_written_is_not_reclaimed_as_stale(
+    start: Callable[..., Any],
+    transport: FaultyTransport,
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """Its owner cannot heartbeat before it sees Admitted: the stale clock waits for that."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="8Gi")
+    config = parse_config(CONFIG.replace("heartbeatStaleWindow: 30s", "heartbeatStaleWindow: 2s"))
+    controller = await start(config)
+    throttled = transport.add(Rule("PATCH", "/reservations/slow/status", "refuse-429"))
+    created = await asyncio.to_thread(rsv.create, custom, namespace, "slow", node, 512)
+    await asyncio.sleep(5)  # more than two windows with no way to say Admitted
+    uid = created["metadata"]["uid"]
+    assert controller.state.records[uid].decision.phase == "Admitted"
+    throttled.times = 0
+    status = await asyncio.to_thread(rsv.wait_for, custom, namespace, "slow")
+    assert status["status"]["phase"] == "Admitted", status["status"]
+
+
+async def test_reservations_on_a_node_wait_behind_an_earlier_one_whose_owner_is_looked_up(
+    start: Callable[..., Any],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """Creation order per node holds while an owner pod is read from the API."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="10Gi")  # room for one of the two
+    controller = await start(follow_watches=False)  # the test delivers the events
+    await asyncio.to_thread(
+        core.create_namespaced_pod,
+        namespace,
+        {
+            "metadata": {"name": "p", "labels": {"headroom.dev/owner": "true"}},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+        },
+    )  # its watch event is never delivered: the operator must read it
+    first = await asyncio.to_thread(
+        rsv.create, custom, namespace, "first", node, 6000, owner={"pod": "p"}
+    )
+    second = await asyncio.to_thread(rsv.create, custom, namespace, "second", node, 6000)
+    controller.on_reservation("ADDED", first)
+    controller.on_reservation("ADDED", second)
+    assert (await asyncio.to_thread(rsv.wait_for, custom, namespace, "first"))["status"][
+        "phase"
+    ] == "Admitted"
+    assert (await asyncio.to_thread(rsv.wait_for, custom, namespace, "second"))["status"][
+        "reason"
+    ] == "InsufficientRAM"

@@ -104,13 +104,16 @@ class Admission:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            waiting: set[str] = set()  # nodes with an earlier reservation still waiting
             for pending in sorted(self._queue.values(), key=lambda p: p.order):
                 await self._writer.room()  # between decisions: the ledger is consistent
                 while not self._may_act():  # noqa: ASYNC110 - a Lease runs out by the clock
                     await asyncio.sleep(_NOT_LEADER_PAUSE)  # a leader out of time decides nothing
                 if self._queue.get(pending.uid) is not pending:  # withdrawn while waiting
                     continue
-                if not self._ready(pending):
+                node, _ = spec_targets(pending.obj)
+                if node in waiting or not self._ready(pending):
+                    waiting.add(node or "")  # later ones on its node wait too: creation order
                     continue  # a lookup is under way; its answer wakes us
                 del self._queue[pending.uid]
                 try:
@@ -155,7 +158,8 @@ class Admission:
                 return
         namesake = state.held_record(entry.id)
         if namesake is not None and namesake.uid != pending.uid:
-            state.forget(namesake.uid)  # deleted and re-created while a DELETED event was lost
+            # Deleted and created again while its DELETED event was lost: the old one is gone.
+            state.forget(namesake.uid, self._clock.monotonic())
         verdict = state.ledger.reserve(entry, now)
         phase = Phase.ADMITTED if verdict.admitted else Phase.REJECTED
         record = self._record(pending, phase, verdict.reason, verdict.message, entry)
@@ -167,7 +171,7 @@ class Admission:
         state = self._state
         held = state.held_record(reservation_id(pending.namespace, pending.name))
         if held is not None and held.uid == pending.uid:  # reserved, then failed: undo it
-            state.forget(pending.uid)
+            state.drop(pending.uid)
         record = self._record(pending, Phase.REJECTED, reason, message[:1024], None)
         state.remember(record)
         self._writer.ensure(record.uid)
@@ -192,8 +196,10 @@ class Admission:
         except InvalidValueError:
             beat = None
         beats: dict[str, str | None] = {RESERVATION: beat}
+        seen = self._state.pods.get((pending.namespace, pod)) if pod is not None else None
         if pod is not None:
-            beats[POD] = self._state.pods.get((pending.namespace, pod))
+            beats[POD] = seen.beat if seen is not None else None
+        now = self._clock.monotonic()
         return Record(
             uid=pending.uid,
             namespace=pending.namespace,
@@ -201,8 +207,9 @@ class Admission:
             node=entry.node if entry is not None else "",
             decision=decision,
             pod=pod if phase == Phase.ADMITTED else None,
+            pod_uid=seen.uid if seen is not None else None,
             beats=beats,
-            changed_at=self._clock.monotonic(),
-            seen_at=self._clock.monotonic(),
-            seen_monotonic=pending.seen,
+            changed_at=now,
+            seen_at=now,
+            first_seen=pending.seen,
         )

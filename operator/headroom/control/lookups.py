@@ -47,8 +47,8 @@ class Lookups:
         transport: Transport,
         clock: Clock,
         *,
-        on_node: Callable[[JSON], None],
-        on_pod: Callable[[JSON], None],
+        on_node: Callable[[JSON, float], None],
+        on_pod: Callable[[JSON, float], None],
         wake: Callable[[], None],
         rng: random.Random,
     ) -> None:
@@ -93,18 +93,20 @@ class Lookups:
         self._wake()
 
     async def _look_up_node(self, node: str) -> None:
+        asked = self._clock.monotonic()
         found = await self._get(node_path(node))
         if found is not None:
-            self._on_node(found)
+            self._on_node(found, asked)  # unless a watch event since is newer
         if not self._state.ledger.knows(node):
             _remember(self._nodes_checked, node, self._clock.monotonic())
 
     async def _look_up_pod(self, namespace: str, pod: str) -> None:
+        asked = self._clock.monotonic()
         found = await self._get(pod_path(namespace, pod))
         if found is None:
             answer = PodAnswer.MISSING
         elif is_owner_pod(found):
-            self._on_pod(found)
+            self._on_pod(found, asked)
             answer = PodAnswer.LABELLED
         else:
             answer = PodAnswer.UNLABELLED

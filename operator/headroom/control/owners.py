@@ -10,6 +10,9 @@ alone; the API server is asked (the pod is read) before a reservation is release
   produces an event. So at start-up and at every resync, every owner pod of a
   held reservation that the list does not show is read, and one that is gone
   releases its reservations (reason ``OwnerPodDeleted``).
+
+An owner is one pod *incarnation*: a pod deleted and created again under the same
+name (a StatefulSet's) is a new owner, and the old one's reservations are released.
 """
 
 from __future__ import annotations
@@ -23,15 +26,16 @@ from headroom.api.constants import OWNER_LABEL
 from headroom.api.paths import PODS, pod_path
 from headroom.api.reasons import Reason
 from headroom.api.refs import ObjectRef
-from headroom.control.state import POD, Record, State
+from headroom.control.state import POD, PodKey, Record, SeenPod, State
 from headroom.kube.backoff import Backoff
+from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
 from headroom.objects.reservations import heartbeat_value, is_owner_pod
 
 log = logging.getLogger(__name__)
 OWNER_SELECTOR = f"{OWNER_LABEL}=true"
-Key = tuple[str, str]  # (namespace, pod name)
+Key = PodKey
 
 
 class Owners:
@@ -40,47 +44,56 @@ class Owners:
         state: State,
         transport: Transport,
         events: EventRecorder,
+        clock: Clock,
         *,
         observe: Callable[[Record, str, str | None], None],
         reclaim: Callable[[Record, Reason, str], None],
         rng: random.Random,
     ) -> None:
         self._state, self._transport, self._events, self._rng = state, transport, events, rng
+        self._clock = clock
         self._observe, self._reclaim = observe, reclaim
         self._bad: dict[Key, str] = {}  # one BadHeartbeat Event per pod and bad value
         self._checks: dict[Key, asyncio.Task[None]] = {}
 
-    def on_pod(self, event_type: str | None, obj: JSON) -> None:
+    def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
+        """A labelled Pod from the watch (``listed_at`` None) or a snapshot from ``listed_at``."""
         meta = obj.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        uid, state = str(meta.get("uid", "")), self._state
+        seen = state.pods.get(key)
+        if listed_at is not None and seen is not None and seen.seen_at >= listed_at:
+            return  # a watch event since the snapshot was asked for may be newer
         if event_type == "DELETED" or not is_owner_pod(obj):
-            self._state.pods.pop(key, None)
+            state.pods.pop(key, None)
             self._bad.pop(key, None)
-            if key in self._state.owned:
+            if key in state.owned:
                 self.check_gone(key)  # deleted, or only unlabelled? ask
             return
+        for record in state.owners_of(key):
+            if record.pod_uid is None:
+                record.pod_uid = uid  # first seen after a start
+            elif record.pod_uid != uid:  # deleted and created again under the same name
+                self._reclaim(record, Reason.OWNER_POD_DELETED, f"owner pod {key[1]} was replaced")
         try:
             value = heartbeat_value(obj)
         except ValueError as error:
             # Said once per pod and value, and only about a pod that owns a reservation.
-            if key in self._state.owned and self._bad.get(key) != str(error):
+            if key in state.owned and self._bad.get(key) != str(error):
                 self._bad[key] = str(error)
                 self._events.record(
-                    ObjectRef("v1", "Pod", key[1], str(meta.get("uid", "")), key[0]),
+                    ObjectRef("v1", "Pod", key[1], uid, key[0]),
                     "BadHeartbeat",
                     f"{error}; ignored",
                     "Warning",
                 )
-            value = self._state.pods.get(key)  # the last good value stands
+            value = seen.beat if seen is not None and seen.uid == uid else None
         else:
             self._bad.pop(key, None)
-        self._state.pods[key] = value
-        for record in self._held_by(key):
+        when = self._clock.monotonic() if listed_at is None else listed_at
+        state.pods[key] = SeenPod(uid, value, when)
+        for record in state.owners_of(key):
             self._observe(record, POD, value)
-
-    def _held_by(self, key: Key) -> list[Record]:
-        records = (self._state.records.get(uid) for uid in self._state.owned.get(key, ()))
-        return [r for r in records if r is not None]
 
     def check_gone(self, key: Key) -> None:
         """Read the pod; if it is gone, its reservations are released."""
@@ -92,21 +105,26 @@ class Owners:
     async def _check(self, key: Key) -> None:
         backoff = Backoff(base=0.2, cap=10.0, rng=self._rng)
         while True:
+            asked = self._clock.monotonic()
             try:
                 pod = await self._transport.get(pod_path(*key))
             except ApiError as error:
                 if error.not_found:
-                    for record in self._held_by(key):
-                        self._reclaim(
-                            record, Reason.OWNER_POD_DELETED, f"owner pod {key[1]} is gone"
-                        )
+                    for record in self._state.owners_of(key):
+                        gone = f"owner pod {key[1]} is gone"
+                        self._reclaim(record, Reason.OWNER_POD_DELETED, gone)
                     return
                 failure: Exception = error
             except ApiUnavailableError as error:
                 failure = error
             else:
+                uid = (pod.get("metadata") or {}).get("uid")
+                for record in self._state.owners_of(key):
+                    if record.pod_uid is not None and record.pod_uid != uid:
+                        replaced = f"owner pod {key[1]} was replaced"
+                        self._reclaim(record, Reason.OWNER_POD_DELETED, replaced)
                 if is_owner_pod(pod):
-                    self.on_pod(None, pod)
+                    self.on_pod(None, pod, listed_at=asked)
                 else:
                     log.info(
                         "owner pod %s/%s lost its label; its reservations stay, and its "
@@ -120,20 +138,23 @@ class Owners:
 
     async def relist(self) -> str:
         """All labelled pods again: the pod watch's relist, and part of every resync."""
+        asked = self._clock.monotonic()
         pods, version = await list_all(self._transport, PODS, label_selector=OWNER_SELECTOR)
-        self.take(pods)
+        self.take(pods, listed_at=asked)
         return version
 
-    def take(self, pods: list[JSON]) -> None:
-        """Start from this list of labelled pods; read every missing owner from the API."""
+    def take(self, pods: list[JSON], *, listed_at: float) -> None:
+        """A list of labelled pods asked for at ``listed_at``; every owner it lacks is read."""
         listed = set()
         for pod in pods:
             meta = pod.get("metadata") or {}
             listed.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
-            self.on_pod(None, pod)
-        for key in [k for k in self._state.pods if k not in listed]:
-            del self._state.pods[key]
-        for key in list(self._state.owned):
+            self.on_pod(None, pod, listed_at=listed_at)
+        state = self._state
+        for key in [k for k, seen in state.pods.items() if k not in listed]:
+            if state.pods[key].seen_at < listed_at:
+                del state.pods[key]
+        for key in list(state.owned):
             if key not in listed:
                 self.check_gone(key)
 

@@ -112,6 +112,8 @@ class Reclaimer:
                 state.ledger.postpone(due.entry.id, now + _RECHECK)
             elif due.reason == Reason.EXPIRED:
                 self.reclaim(record, Reason.EXPIRED, due.message)
+            elif not record.announced:  # its owner does not know yet: its clock has not started
+                state.ledger.postpone(due.entry.id, now + _RECHECK)
             elif record.uid not in self._checking:
                 self._checking.add(record.uid)
                 self._spawn(self._confirm_silence(record, due.message))
@@ -163,15 +165,20 @@ class Reclaimer:
             pod = await self._transport.get(pod_path(record.namespace, record.pod))
         except ApiError as error:
             if error.not_found:  # the owner is gone, whether or not a watch said so
-                if self._state.records.get(record.uid) is record and record.held:
-                    self.reclaim(
-                        record, Reason.OWNER_POD_DELETED, f"owner pod {record.pod} is gone"
-                    )
+                self._owner_gone(record, f"owner pod {record.pod} is gone")
                 return False
             return None
         except ApiUnavailableError:
             return None
+        uid = (pod.get("metadata") or {}).get("uid")
+        if record.pod_uid is not None and uid != record.pod_uid:
+            self._owner_gone(record, f"owner pod {record.pod} was replaced")
+            return False
         return self._new_value(record, POD, pod)
+
+    def _owner_gone(self, record: Record, message: str) -> None:
+        if self._state.records.get(record.uid) is record and record.held:
+            self.reclaim(record, Reason.OWNER_POD_DELETED, message)
 
     def _new_value(self, record: Record, source: str, obj: dict[str, Any]) -> bool:
         try:

@@ -7,12 +7,18 @@ object is known to carry it yet, which owner pod heartbeats it, and the last
 heartbeat values it saw. Records live as long as their object; that is what
 makes every path level-triggered — an object is always compared with its record.
 
+Lists race with watches: a LIST answered a second ago can be older than the
+watch event handled a moment ago. So the state remembers *when* it last learned
+something from a watch — per uid forgotten, per Node, per owner Pod — and a list
+never overrules what was learned after the list was asked for.
+
 Everything here is synchronous: each change happens between two ``await``
 points, so no other task ever sees it half done.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,7 +29,9 @@ from headroom.ledger import Ledger
 from headroom.objects.stamp import Stamper
 from headroom.objects.status import Decision
 
+log = logging.getLogger(__name__)
 RESERVATION, POD = "reservation", "pod"  # heartbeat sources
+PodKey = tuple[str, str]  # (namespace, name)
 
 
 @dataclass(slots=True)
@@ -36,6 +44,7 @@ class Record:
     node: str
     decision: Decision
     pod: str | None = None
+    pod_uid: str | None = None  # the owner pod's incarnation: another uid means it was deleted
     changed_at: float = 0.0  # monotonic time ``decision`` was last set
     confirmed: bool = False  # the object is known to carry ``decision``
     announced: bool = False  # its Event was posted and its metrics counted
@@ -44,7 +53,7 @@ class Record:
     written_beat: datetime | None = None  # the lastHeartbeat last put in status
     seen_at: float = 0.0  # monotonic time the record was made (resync's guard)
     confirmed_at: float = 0.0  # monotonic time the object was last seen carrying it
-    seen_monotonic: float = 0.0  # when the object was first seen (admission latency)
+    first_seen: float = 0.0  # when the object was first seen (admission latency)
 
     @property
     def entry_id(self) -> str:
@@ -55,35 +64,66 @@ class Record:
         return self.decision.phase == Phase.ADMITTED
 
 
+@dataclass(slots=True)
+class SeenPod:
+    """A labelled owner pod as last seen: its incarnation and heartbeat value."""
+
+    uid: str
+    beat: str | None
+    seen_at: float  # monotonic
+
+
 class State:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.ledger = Ledger(limits)
         self.records: dict[str, Record] = {}  # uid -> record
         self.holders: dict[str, str] = {}  # ledger entry id -> uid of the incarnation held
-        self.pods: dict[tuple[str, str], str | None] = {}  # labelled pods -> heartbeat value
-        self.owned: dict[tuple[str, str], set[str]] = {}  # (namespace, pod) -> held uids
+        self.forgotten: dict[str, float] = {}  # uid -> when its object was known gone
+        self.pods: dict[PodKey, SeenPod] = {}  # labelled pods
+        self.owned: dict[PodKey, set[str]] = {}  # owner pod -> uids it holds
         self.node_uids: dict[str, str] = {}
+        self.node_seen: dict[str, float] = {}  # node -> when a watch last told us of it
         self.dirty_nodes: set[str] = set()
         self.stamper = Stamper(None)  # replaced at start when a decision key is configured
 
     # -- records ---------------------------------------------------------------------------
 
-    def remember(self, record: Record) -> None:
-        """Keep a decision; an admitted one must already be in the ledger."""
+    def remember(self, record: Record) -> bool:
+        """Keep a decision; an admitted one must already be in the ledger, for this uid.
+
+        Refuses (False, logged) to let an admitted record claim an entry the ledger
+        holds for another incarnation: that would let releasing one free the other.
+        """
+        if record.held:
+            holder = self.holders.get(record.entry_id)
+            if holder is not None and holder != record.uid:
+                log.error(
+                    "%s: admitted incarnation %s not remembered: the ledger holds %s",
+                    record.entry_id,
+                    record.uid,
+                    holder,
+                )
+                return False
         self.records[record.uid] = record
         if record.held:
             self.holders[record.entry_id] = record.uid
             self.dirty_nodes.add(record.node)
             if record.pod:
                 self.owned.setdefault((record.namespace, record.pod), set()).add(record.uid)
+        return True
 
     def held_record(self, entry_id: str) -> Record | None:
         uid = self.holders.get(entry_id)
         return self.records.get(uid) if uid is not None else None
 
+    def holds(self, record: Record) -> bool:
+        """Whether the ledger holds this incarnation's capacity (admitted, or reclaimed
+        but not yet shown as Reclaimed on its object)."""
+        return self.holders.get(record.entry_id) == record.uid
+
     def unhold(self, record: Record) -> None:
-        """Drop the ledger-side links of an admitted record (its entry already left the ledger)."""
+        """Drop the ledger-side links of a record (its entry already left the ledger)."""
         if self.holders.get(record.entry_id) == record.uid:
             del self.holders[record.entry_id]
         self.dirty_nodes.add(record.node)
@@ -95,26 +135,39 @@ class State:
                 if not owned:
                     del self.owned[key]
 
-    def holds(self, record: Record) -> bool:
-        """Whether the ledger holds this incarnation's capacity (admitted, or reclaimed
-        but not yet shown as Reclaimed on its object)."""
-        return self.holders.get(record.entry_id) == record.uid
-
     def release(self, record: Record) -> None:
         """Return a record's capacity, if the ledger holds it (its object is gone)."""
         if self.holds(record):
             self.ledger.release(record.entry_id)
             self.unhold(record)
 
-    def forget(self, uid: str) -> Record | None:
-        """The object is gone: release what it held and drop its record."""
+    def drop(self, uid: str) -> Record | None:
+        """Undo a decision (never written): release what it held and drop its record."""
         record = self.records.pop(uid, None)
         if record is not None:
             self.release(record)
         return record
+
+    def forget(self, uid: str, now: float) -> Record | None:
+        """The object is gone: release what it held, drop its record, leave a tombstone."""
+        self.forgotten[uid] = now
+        return self.drop(uid)
+
+    def forgotten_since(self, uid: str, moment: float) -> bool:
+        """Whether the object was known gone after ``moment`` (a list from then is stale)."""
+        return self.forgotten.get(uid, float("-inf")) >= moment
+
+    def prune_tombstones(self, before: float) -> None:
+        """Tombstones older than the oldest list still being read can go."""
+        for uid in [uid for uid, at in self.forgotten.items() if at < before]:
+            del self.forgotten[uid]
 
     def held_records(self) -> Iterator[Record]:
         for uid in list(self.holders.values()):
             record = self.records.get(uid)
             if record is not None:
                 yield record
+
+    def owners_of(self, key: PodKey) -> list[Record]:
+        records = (self.records.get(uid) for uid in self.owned.get(key, ()))
+        return [record for record in records if record is not None]

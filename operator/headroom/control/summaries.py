@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 from headroom.api.config import OperatorConfig
@@ -35,9 +36,13 @@ class Summaries:
         events: EventRecorder,
         clock: Clock,
         config: OperatorConfig,
+        *,
+        may_act: Callable[[], bool] = lambda: True,
+        time_left: Callable[[], float] = lambda: 30.0,
     ) -> None:
         self._state, self._transport, self._events = state, transport, events
         self._clock, self._config = clock, config
+        self._may_act, self._time_left = may_act, time_left
         self._written: dict[str, JSON] = {}
         self._unbuildable: dict[str, str] = {}  # node -> why its summary could not be built
 
@@ -86,17 +91,23 @@ class Summaries:
             )
 
     async def _write(self, node: str, status: JSON, now: datetime) -> None:
+        """Write one summary; only while this process may act (a deposed leader's
+        ledger is stale), and only as long as it may."""
         body = {"status": {**status, "updatedAt": timestamp(now)}}
         path = node_headroom_path(node, "status")
+        if not self._may_act():
+            self._state.dirty_nodes.add(node)
+            return
         try:
-            try:
-                await self._transport.merge_patch(path, body)
-            except ApiError as error:
-                if not error.not_found:
-                    raise
-                await self._create(node)
-                await self._transport.merge_patch(path, body)
-        except (ApiError, ApiUnavailableError):
+            async with asyncio.timeout(min(self._time_left(), 30.0)):
+                try:
+                    await self._transport.merge_patch(path, body)
+                except ApiError as error:
+                    if not error.not_found:
+                        raise
+                    await self._create(node)
+                    await self._transport.merge_patch(path, body)
+        except (ApiError, ApiUnavailableError, TimeoutError):
             self._state.dirty_nodes.add(node)  # written at the next flush
             raise
         self._written[node] = status
@@ -151,6 +162,3 @@ class Summaries:
             except ApiError as error:
                 if not (error.not_found or error.conflict):
                     raise
-
-    def forget_written(self) -> None:
-        self._written.clear()

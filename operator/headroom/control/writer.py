@@ -36,7 +36,7 @@ from headroom.control.state import Record, State
 from headroom.control.telemetry import Telemetry
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
-from headroom.kube.transport import ApiError, ApiUnavailableError, Transport
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.objects.status import replace_status, set_heartbeat, status_body
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,13 @@ class StatusWriter:
 
     def _done(self, uid: str) -> None:
         self._tasks.pop(uid, None)
+        record = self._state.records.get(uid)
+        if record is None or record.confirmed:
+            self._maybe_written.discard(uid)
         self._freed.set()
+
+    def forget(self, uid: str) -> None:
+        self._maybe_written.discard(uid)
 
     async def _write(self, uid: str) -> None:
         backoff = Backoff(base=0.2, cap=30.0, rng=self._rng)
@@ -113,6 +119,8 @@ class StatusWriter:
                 if not (error.retriable or error.conflict):
                     self._refused(record, error)
                     return
+                if error.status >= 500:  # a server fault after etcd committed is possible
+                    self._maybe_written.add(uid)
                 failure = error
             except ApiUnavailableError as error:
                 self._maybe_written.add(uid)
@@ -159,7 +167,7 @@ class StatusWriter:
                 record.decision.phase,
                 error,
             )
-            self._state.forget(record.uid)
+            self._state.drop(record.uid)
             return
         log.error(
             "%s/%s: status %s refused by the API server (%s); written again at the next resync",
@@ -178,15 +186,17 @@ class StatusWriter:
         record.written_beat = at
         path = reservation_path(record.namespace, record.name, "status")
         patch = set_heartbeat(record.uid, record.decision.decision_id, at)
-        task = asyncio.create_task(self._quietly(self._transport.json_patch(path, patch)))
+        task = asyncio.create_task(self._write_quietly(path, patch))
         self._beats.add(task)
         task.add_done_callback(self._beats.discard)
 
-    @staticmethod
-    async def _quietly(write: object) -> None:
+    async def _write_quietly(self, path: str, patch: list[JSON]) -> None:
+        if not self._may_act():
+            return
         try:
-            await write  # type: ignore[misc]
-        except (ApiError, ApiUnavailableError) as error:
+            async with asyncio.timeout(min(self._time_left(), _ATTEMPT_TIMEOUT)):
+                await self._transport.json_patch(path, patch)
+        except (ApiError, ApiUnavailableError, TimeoutError) as error:
             log.debug("lastHeartbeat not written: %s", error)
 
     async def stop(self, wait_at_most: float = 3.0) -> None:

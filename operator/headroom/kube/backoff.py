@@ -7,14 +7,7 @@ The random source is injected so that the simulation replays exactly.
 
 from __future__ import annotations
 
-import asyncio
 import random
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
-
-from headroom.kube.transport import ApiError, ApiUnavailableError
-
-T = TypeVar("T")
 
 
 class Backoff:
@@ -32,20 +25,3 @@ class Backoff:
 
     def reset(self) -> None:
         self._attempt = 0
-
-
-async def retrying(
-    call: Callable[[], Awaitable[T]], *, attempts: int = 5, rng: random.Random | None = None
-) -> T:
-    """Await ``call()`` again on no answer, 429 and 5xx; anything else is raised at once."""
-    backoff = Backoff(base=0.2, cap=5.0, rng=rng)
-    for _ in range(attempts - 1):
-        try:
-            return await call()
-        except ApiError as error:
-            if not error.retriable:
-                raise
-        except ApiUnavailableError:
-            pass
-        await asyncio.sleep(backoff.next())
-    return await call()

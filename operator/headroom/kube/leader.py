@@ -21,14 +21,22 @@ every attempt, so a leader that stalls (SIGSTOP, a full event loop, a slow API
 server) writes nothing once its time is up — and the difference lease_duration −
 renew_deadline is the margin for a request already on the wire. When it cannot
 renew in time it calls ``on_lost`` and the process exits; the Deployment
-restarts it as a standby. A clean shutdown releases the Lease so that the
-standby takes over at once instead of after lease_duration.
+restarts it as a standby. A clean shutdown releases the Lease: it clears the
+holder and says the lease lasts only lease_duration − renew_deadline more, the
+margin a write already on the wire needs, so the standby takes over after that
+instead of after the whole lease_duration.
+
+Durations are written rounded *up* to whole seconds (the Lease field is an
+integer), and a standby waits at least its own lease_duration on a held Lease,
+whatever the record says. A Lease that disappears (deleted by someone) is taken
+only after it has been absent for lease_duration, as a held one would expire.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -62,9 +70,9 @@ class LeaderElector:
         self._path = resource_path("coordination.k8s.io", "v1", "leases", settings.namespace)
         self._observed: JSON | None = None
         self._observed_at = 0.0
+        self._absent_since: float | None = None  # a Lease we saw, gone: since when
         self._valid_until = float("-inf")  # monotonic; leader until then
         self.is_leader = False
-        self.transitions = 0  # the Lease's leaseTransitions when we took it
 
     def may_act(self) -> bool:
         """True while this process holds the Lease by its own monotonic clock."""
@@ -96,22 +104,22 @@ class LeaderElector:
                 return
 
     async def release(self) -> None:
-        """On a clean shutdown: give the Lease up so that a standby takes over at once."""
+        """On a clean shutdown: let a standby take over after only the safety margin."""
         if not self.may_act() or self._observed is None:
             return
         self.is_leader = False
+        s = self._settings
+        margin = math.ceil((s.lease_duration - s.renew_deadline).total_seconds())
         spec = dict(self._observed.get("spec") or {})
         spec.update(
             holderIdentity="",
-            leaseDurationSeconds=1,
+            leaseDurationSeconds=max(margin, 1),
             renewTime=_micro_time(self._clock.now()),
         )
         body = {**self._observed, "spec": spec}
         try:
-            await asyncio.wait_for(
-                self._client.replace(f"{self._path}/{self._settings.name}", body), 2.0
-            )
-            log.info("released lease %s/%s", self._settings.namespace, self._settings.name)
+            await asyncio.wait_for(self._client.replace(f"{self._path}/{s.name}", body), 2.0)
+            log.info("released lease %s/%s (free in %ds)", s.namespace, s.name, margin)
         except (ApiError, ApiUnavailableError, TimeoutError) as error:
             log.warning("lease not released (%s); the standby waits it out", error)
 
@@ -135,20 +143,34 @@ class LeaderElector:
         except ApiError as error:
             if not error.not_found:
                 return False
+            if not self._absent_long_enough():
+                return False
             return await self._write(self._path, self._record(None, now), create=True)
         except ApiUnavailableError:
             return False
+        self._absent_since = None
         if current != self._observed:
             self._observed, self._observed_at = current, self._clock.monotonic()
         spec = current.get("spec") or {}
         holder = spec.get("holderIdentity")
-        expired = (self._clock.monotonic() - self._observed_at) > float(
-            spec.get("leaseDurationSeconds") or s.lease_duration.total_seconds()
-        )
-        if holder and holder != s.identity and not expired:
+        recorded = float(spec.get("leaseDurationSeconds") or 0)
+        # A released Lease (no holder) says how long the margin is; a held one lasts at
+        # least our own lease_duration, whatever a rounded record says.
+        duration = recorded if not holder else max(recorded, s.lease_duration.total_seconds())
+        expired = (self._clock.monotonic() - self._observed_at) > duration
+        if holder != s.identity and not expired:
             self.is_leader = False
             return False
         return await self._write(name_path, self._record(current, now), create=False)
+
+    def _absent_long_enough(self) -> bool:
+        """A Lease never seen may be created at once; one that vanished, after a lease."""
+        if self._observed is None:
+            return True
+        now = self._clock.monotonic()
+        if self._absent_since is None:
+            self._absent_since = now
+        return now - self._absent_since > self._settings.lease_duration.total_seconds()
 
     def _record(self, current: JSON | None, now: datetime) -> JSON:
         s = self._settings
@@ -161,7 +183,7 @@ class LeaderElector:
         spec.update(
             {
                 "holderIdentity": s.identity,
-                "leaseDurationSeconds": int(s.lease_duration.total_seconds()),
+                "leaseDurationSeconds": math.ceil(s.lease_duration.total_seconds()),
                 "renewTime": _micro_time(now),
             }
         )
@@ -186,5 +208,4 @@ class LeaderElector:
             return False
         self._observed, self._observed_at = written, self._clock.monotonic()
         self.is_leader = True
-        self.transitions = int((written.get("spec") or {}).get("leaseTransitions") or 0)
         return True

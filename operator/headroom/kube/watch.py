@@ -6,8 +6,9 @@ each one twice (once in the rebuild, once in the replay: about 6 s of CPU, most 
 it a deepcopy per object in kopf's diff-base storage), and kopf then keeps state
 for every object for as long as it runs. The rebuild's LIST is already a
 consistent snapshot with a resourceVersion; a WATCH from that version delivers
-exactly the changes after it, with no gap and no replay. Nodes and owner pods stay
-with kopf: there are few of them.
+exactly the changes after it, with no gap and no replay. Nodes and owner Pods are
+followed the same way, for the same reason, and so that the simulation drives the
+very code production runs.
 
 When the version is too old for the server (410 Gone, after etcd compaction) the
 follower calls ``relist``, the controller's resync, which releases what vanished

@@ -1,4 +1,4 @@
-"""The reservation ledger (seed: Ledger): pure, exact, O(1) per operation.
+"""The reservation ledger (seed: Ledger): pure, exact, O(1) per reserve/release/heartbeat.
 
 No I/O and no clock: every method that needs the time takes ``now``. The
 operator owns the only instance and calls it from one thread, so there are no

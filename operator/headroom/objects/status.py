@@ -108,16 +108,6 @@ def set_heartbeat(uid: str, decision_id: str, at: datetime) -> list[JSON]:
     ]
 
 
-def set_stamp(uid: str, phase: str, decision_id: str, stamp: str) -> list[JSON]:
-    """Stamp an existing decision again (a new decision key), only if it is still that phase."""
-    return [
-        {"op": "test", "path": "/metadata/uid", "value": uid},
-        {"op": "test", "path": "/status/phase", "value": phase},
-        {"op": "add", "path": "/status/decisionID", "value": decision_id},
-        {"op": "add", "path": "/status/decisionStamp", "value": stamp},
-    ]
-
-
 def decision_of(status: JSON, at: datetime) -> Decision | None:
     """The decision a status carries (read back at rebuild), or None if it has none."""
     try:

@@ -1,0 +1,129 @@
+"""Nodes into the ledger: total RAM, VRAM and per-node limits, from watch, list or lookup.
+
+A Node comes from three places: the Node watch, a list (the rebuild, a resync, the
+relist after ``410 Gone``) and a lookup (a reservation naming a Node not seen
+yet). A list or a lookup is a snapshot from when it was asked for; a watch event
+handled since is newer, and the snapshot must not undo it (a node that shrank
+must not grow back because an older list said so). So each Node remembers when a
+watch last spoke of it, and a snapshot older than that is ignored. A Node missing
+from a list is read before it is treated as deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from headroom.api.config import OperatorConfig
+from headroom.api.paths import NODES, node_path
+from headroom.api.refs import ObjectRef
+from headroom.control.state import State
+from headroom.kube.clock import Clock
+from headroom.kube.events import EventRecorder
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
+from headroom.objects.nodes import node_capacity
+
+log = logging.getLogger(__name__)
+DELETED = "DELETED"
+
+
+class Nodes:
+    def __init__(
+        self,
+        state: State,
+        transport: Transport,
+        events: EventRecorder,
+        clock: Clock,
+        config: OperatorConfig,
+        *,
+        delete_summary: Callable[[str], Coroutine[Any, Any, None]],
+        changed: Callable[[], None],
+    ) -> None:
+        self._state, self._transport, self._events = state, transport, events
+        self._clock, self._config = clock, config
+        self._delete_summary, self._changed = delete_summary, changed
+        self._bad_values: dict[str, list[str]] = {}  # one Event per node and set of problems
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def on_node(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
+        """A Node from the watch (``listed_at`` None) or from a snapshot taken at ``listed_at``."""
+        try:
+            self._apply(event_type, obj, listed_at)
+        except Exception:  # one Node must never stop the rebuild or the others
+            log.exception("node %s not handled", (obj.get("metadata") or {}).get("name"))
+
+    def _apply(self, event_type: str | None, obj: JSON, listed_at: float | None) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            return
+        state = self._state
+        if listed_at is None:
+            state.node_seen[name] = self._clock.monotonic()
+        elif state.node_seen.get(name, float("-inf")) >= listed_at:
+            return  # a watch event since the snapshot was asked for may be newer
+        if event_type == DELETED:
+            state.node_uids.pop(name, None)
+            state.ledger.remove_node(name)
+            self._bad_values.pop(name, None)
+            self._spawn(self._delete_summary(name))
+            self._changed()
+            return
+        state.node_uids[name] = meta.get("uid", "")
+        capacity = node_capacity(obj, state.limits, self._config.ram_source)
+        if capacity.problems and capacity.problems != self._bad_values.get(name):
+            self._events.record(
+                ObjectRef("v1", "Node", name, meta.get("uid", "")),
+                "BadHeadroomSettings",
+                "; ".join(capacity.problems),
+                "Warning",
+            )
+        self._bad_values[name] = capacity.problems
+        if capacity.total_ram_mb is None:
+            state.ledger.remove_node(name)
+        else:
+            state.ledger.set_node_capacity(
+                name, capacity.total_ram_mb, capacity.vram_mb, capacity.limits
+            )
+        state.dirty_nodes.add(name)
+        self._changed()
+
+    async def relist(self) -> str:
+        """Every Node again: the Node watch's relist, and part of every resync."""
+        started = self._clock.monotonic()
+        nodes, version = await list_all(self._transport, NODES)
+        listed = set()
+        for node in nodes:
+            listed.add((node.get("metadata") or {}).get("name"))
+            self.on_node(None, node, listed_at=started)
+        for name in [n for n in self._state.node_uids if n not in listed]:
+            if self._state.node_seen.get(name, float("-inf")) < started:
+                await self._read_back(name)
+        return version
+
+    async def _read_back(self, name: str) -> None:
+        """Missing from a list: deleted, or created after it? Ask."""
+        asked = self._clock.monotonic()
+        try:
+            node = await self._transport.get(node_path(name))
+        except ApiError as error:
+            if error.not_found:
+                self.on_node(DELETED, {"metadata": {"name": name}}, listed_at=asked)
+            return
+        except ApiUnavailableError:
+            return  # the next resync asks again
+        self.on_node(None, node, listed_at=asked)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
