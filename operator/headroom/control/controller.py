@@ -177,8 +177,8 @@ class Controller:
         if self._follow_watches:
             self._follow(versions)
         self._in_background(self.summaries.delete_orphans())
-        if adoption is not None:
-            spawn("adoption", adoption.finish())
+        if adoption is not None:  # one-off (it retries until done), not a long-lived task
+            self._in_background(adoption.finish())
         self.ready.set()
 
     def _follow(self, versions: tuple[str, str, str]) -> None:
