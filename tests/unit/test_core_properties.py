@@ -9,6 +9,7 @@ reserved − released − reclaimed = active.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 
@@ -159,7 +160,69 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.ledger.postpone(entry.id, until)
                 self.postponed[entry.id] = until
 
+    # -- waiting for room (spec.wait) ----------------------------------------------------
+
+    @rule(
+        node=st.sampled_from((*NODES, "ghost")),
+        ram=st.integers(1, 6_000),
+        wait=st.integers(1, 120),
+        strict=st.booleans(),
+    )
+    def reserve_or_wait(self, node: str, ram: int, wait: int, strict: bool) -> None:
+        self.ids += 1
+        entry = Entry(f"r{self.ids}", node, ram, self.now, self.now)
+        before = self._reserved(node)
+        decision = self.ledger.reserve_or_wait(
+            entry, self.now, self.now + timedelta(seconds=wait), strict=strict
+        )
+        if decision.queued:
+            assert entry.id in self.ledger.waiting
+            assert self.ledger.get(entry.id) is None, "a waiting reservation holds nothing"
+            assert self._reserved(node) == before
+            assert decision.position == self.ledger.waiting.position(entry.id)
+        elif decision.admitted:
+            assert not (strict and self.ledger.waiting.on(node)), "went ahead under strict FIFO"
+
+    @precondition(lambda self: len(self.ledger.waiting) > 0)
+    @rule(data=st.data())
+    def stop_waiting(self, data: st.DataObject) -> None:
+        node = data.draw(st.sampled_from(self.ledger.waiting.nodes()))
+        waiting = data.draw(st.sampled_from(self.ledger.waiting.on(node)))
+        assert self.ledger.waiting.remove(waiting.entry.id) is waiting.entry
+
+    @rule(strict=st.booleans())
+    def admit_waiting(self, strict: bool) -> None:
+        nodes = self.ledger.waiting.nodes()
+        admitted = self.ledger.admit_waiting(self.now, nodes, strict=strict)
+        for decision in admitted:
+            assert decision.admitted
+            assert decision.entry.id not in self.ledger.waiting
+            assert not self._over(decision.entry.node), "a waiting one pushed its node over"
+        for node in nodes:
+            queue = self.ledger.waiting.on(node)
+            fits = [w for w in queue if self.ledger._refusal(w.entry, self.now) is None]
+            if strict:  # the head blocks; nothing behind it went ahead of it
+                assert not queue or self.ledger._refusal(queue[0].entry, self.now) is not None
+            else:  # nothing that fits is left waiting
+                assert fits == []
+
+    @rule()
+    def waits_run_out(self) -> None:
+        for decision in self.ledger.wait_over(self.now):
+            assert not decision.admitted
+            assert decision.entry.id not in self.ledger.waiting
+            assert decision.reason in (Reason.WAIT_TIMEOUT, Reason.ALREADY_EXPIRED)
+
     # -- invariants --------------------------------------------------------------------
+
+    @invariant()
+    def waiting_ones_hold_nothing_and_keep_their_order(self) -> None:
+        for node in self.ledger.waiting.nodes():
+            queue = self.ledger.waiting.on(node)
+            assert [w.created_at for w in queue] == sorted(w.created_at for w in queue)
+            for position, waiting in enumerate(queue, 1):
+                assert self.ledger.get(waiting.entry.id) is None
+                assert self.ledger.waiting.position(waiting.entry.id) == position
 
     @invariant()
     def never_overcommitted_by_admission(self) -> None:
@@ -201,8 +264,11 @@ class LedgerMachine(RuleBasedStateMachine):
             for e in self.ledger.entries()
         ]
         rebuilt, _ = Ledger.rebuild(self.limits, nodes, copies)
-        for node in (*NODES, "ghost"):
-            assert rebuilt.node_summary(node, self.now) == self.ledger.node_summary(node, self.now)
+        for node in (*NODES, "ghost"):  # a rebuild from admitted entries has no waiting ones
+            mine = replace(
+                self.ledger.node_summary(node, self.now), queued_entries=0, queued_ram_mb=0
+            )
+            assert rebuilt.node_summary(node, self.now) == mine
         assert sorted(e.id for e in rebuilt.entries()) == sorted(
             e.id for e in self.ledger.entries()
         )

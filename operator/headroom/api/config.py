@@ -105,6 +105,21 @@ class DecisionKeyConfig(BaseModel):
     )
 
 
+class QueueingConfig(BaseModel):
+    """How reservations that wait for room (``spec.wait``) are admitted, per node."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    strategy: Literal["BestEffortFIFO", "StrictFIFO"] = Field(
+        "BestEffortFIFO",
+        description=(
+            "BestEffortFIFO: in creation order, but a later one that fits goes before an "
+            "earlier one that does not (Kueue's default). StrictFIFO: the oldest blocks the "
+            "ones behind it, and a new one does not go ahead of those waiting."
+        ),
+    )
+
+
 class OperatorConfig(BaseModel):
     """Everything the operator reads at start."""
 
@@ -146,6 +161,7 @@ class OperatorConfig(BaseModel):
         alias="resyncPeriod",
         description="How often the ledger is checked against a full list of Reservations.",
     )
+    queueing: QueueingConfig = Field(default_factory=QueueingConfig)
     decision_key: DecisionKeyConfig = Field(default_factory=DecisionKeyConfig, alias="decisionKey")
     leader_election: LeaderElectionConfig = Field(
         default_factory=LeaderElectionConfig, alias="leaderElection"

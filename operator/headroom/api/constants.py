@@ -51,6 +51,10 @@ MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_TIME = datetime(9000, 1, 1, tzinfo=UTC)
 #: Any configured duration.
 MAX_DURATION = timedelta(days=366)
+#: The longest a reservation may wait for room (``spec.wait``).
+MAX_WAIT = timedelta(hours=24)
+#: A Go duration, as ``spec.wait`` is written (``90s``, ``5m``, ``1h30m``).
+GO_DURATION = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"
 #: The longest number, time or duration text any parser reads.
 MAX_VALUE_LENGTH = 64
 #: Linux's PID_MAX_LIMIT.

@@ -10,21 +10,24 @@ person reading it. Constraints here are the ones the API server enforces at
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from headroom.api.constants import (
+    GO_DURATION,
     HEARTBEAT_ANNOTATION,
     MAX_MB,
     MAX_NODE_SUM_MB,
     MAX_PID,
     MAX_TIME,
+    MAX_WAIT,
     MIN_TIME,
     OWNER_LABEL,
 )
-from headroom.api.parse import format_time, parse_time
+from headroom.api.parse import format_time, parse_duration, parse_time
 from headroom.api.reasons import Phase, Reason
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -56,6 +59,26 @@ TenantTime = Annotated[
     ),
 ]
 NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+
+#: How long a reservation may wait for room: a Go duration up to MAX_WAIT, checked by
+#: the API server (pattern and CEL) and by the same bound in the operator's parser.
+WaitDuration = Annotated[
+    timedelta,
+    BeforeValidator(partial(parse_duration, low=timedelta(0), high=MAX_WAIT)),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": GO_DURATION,
+            "maxLength": 32,
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"duration(self) <= duration('{int(MAX_WAIT.total_seconds())}s')",
+                    "message": f"must be at most {int(MAX_WAIT.total_seconds() // 3600)}h",
+                }
+            ],
+        }
+    ),
+]
 
 
 class _Model(BaseModel):
@@ -129,6 +152,15 @@ class ReservationSpec(_Model):
         description="Hard expiry (RFC 3339). The reservation is reclaimed after it.",
     )
     description: str | None = Field(None, max_length=1024, description="Free text for people.")
+    wait: WaitDuration | None = Field(
+        None,
+        description=(
+            "How long the reservation may wait for room (a Go duration, e.g. 10m, at most "
+            "24h), measured from its creation. One that does not fit now is Queued instead "
+            "of Rejected, admitted in order as soon as it fits, and Rejected WaitTimeout "
+            "when the wait runs out. Absent: decided at once."
+        ),
+    )
 
 
 class Condition(_Model):
@@ -149,7 +181,7 @@ class Condition(_Model):
 class ReservationStatus(_Model):
     """Written only by the operator (status subresource)."""
 
-    phase: Phase = Field(description="Pending, Admitted, Rejected or Reclaimed.")
+    phase: Phase = Field(description="Pending, Queued, Admitted, Rejected or Reclaimed.")
     reason: Reason | None = Field(None, description="Machine-readable reason for the phase.")
     message: str | None = Field(
         None, max_length=4096, description="One sentence with the numbers that decided it."
@@ -177,6 +209,12 @@ class ReservationStatus(_Model):
     )
     observed_generation: int | None = Field(
         None, alias="observedGeneration", ge=0, description="Generation of the decided spec."
+    )
+    queue_position: int | None = Field(
+        None,
+        alias="queuePosition",
+        ge=1,
+        description="While Queued: its place in its node's queue, 1 is next.",
     )
     conditions: list[Condition] = Field(
         default_factory=list,
@@ -230,6 +268,18 @@ class NodeHeadroomStatus(_Model):
         alias="utilizationPercent",
         ge=0,
         description="Reserved RAM as a whole percent of total RAM (display only).",
+    )
+    queued_entries: int = Field(
+        0, alias="queuedEntries", ge=0, description="Reservations waiting for room on the node."
+    )
+    queued_ram_mb: SumMB = Field(
+        0, alias="queuedRAMMB", description="RAM the waiting reservations ask for, MiB."
+    )
+    stale_window_seconds: int = Field(
+        300,
+        alias="staleWindowSeconds",
+        ge=1,
+        description="Heartbeat stale window on the node: heartbeat well within it.",
     )
     over_committed: bool = Field(
         alias="overCommitted",

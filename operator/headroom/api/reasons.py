@@ -24,6 +24,9 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     OWNER_POD_NOT_FOUND = "OwnerPodNotFound"
     OWNER_POD_NOT_LABELLED = "OwnerPodNotLabelled"
+    # Queueing: waited as long as spec.wait allowed; or (strict FIFO) others wait ahead.
+    WAIT_TIMEOUT = "WaitTimeout"
+    WAITERS_AHEAD = "WaitersAhead"
     # Reclaim.
     HEARTBEAT_STALE = "HeartbeatStale"
     EXPIRED = "Expired"
@@ -36,6 +39,7 @@ class Phase(StrEnum):
     """Lifecycle of a Reservation, as written to ``status.phase``."""
 
     PENDING = "Pending"
+    QUEUED = "Queued"
     ADMITTED = "Admitted"
     REJECTED = "Rejected"
     RECLAIMED = "Reclaimed"

@@ -27,6 +27,7 @@ from headroom.api.parse import InvalidValueError
 from headroom.api.reasons import Phase, Reason
 from headroom.control.lookups import Lookups, PodAnswer
 from headroom.control.state import POD, RESERVATION, Record, State
+from headroom.control.telemetry import NoTelemetry, Telemetry
 from headroom.control.writer import StatusWriter
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON
@@ -64,9 +65,12 @@ class Admission:
         *,
         run_id: str,
         may_act: Callable[[], bool],
+        strict: bool = False,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._state, self._writer, self._lookups, self._clock = state, writer, lookups, clock
-        self._may_act = may_act
+        self._may_act, self._strict = may_act, strict
+        self._telemetry = telemetry or NoTelemetry()
         self._queue: dict[str, Pending] = {}
         self._wake = asyncio.Event()
         self._sequence = itertools.count()
@@ -104,6 +108,9 @@ class Admission:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            while not self._may_act():  # noqa: ASYNC110 - a Lease runs out by the clock
+                await asyncio.sleep(_NOT_LEADER_PAUSE)
+            self._settle_waiting()  # the older, waiting ones first
             waiting: set[str] = set()  # nodes with an earlier reservation still waiting
             for pending in sorted(self._queue.values(), key=lambda p: p.order):
                 await self._writer.room()  # between decisions: the ledger is consistent
@@ -160,10 +167,59 @@ class Admission:
         if namesake is not None and namesake.uid != pending.uid:
             # Deleted and created again while its DELETED event was lost: the old one is gone.
             state.forget(namesake.uid, self._clock.monotonic())
-        verdict = state.ledger.reserve(entry, now)
-        phase = Phase.ADMITTED if verdict.admitted else Phase.REJECTED
+        verdict = state.ledger.reserve_or_wait(entry, now, entry.wait_until, strict=self._strict)
+        if verdict.admitted:
+            phase = Phase.ADMITTED
+        elif verdict.queued:
+            phase = Phase.QUEUED
+        else:
+            phase = Phase.REJECTED
         record = self._record(pending, phase, verdict.reason, verdict.message, entry)
+        record.decision.position = verdict.position
         state.remember(record)
+        self._writer.ensure(record.uid)
+
+    def _settle_waiting(self) -> None:
+        """Decide what waits: refuse those whose wait ran out, admit those that fit now."""
+        state, now = self._state, self._clock.now()
+        for verdict in state.ledger.wait_over(now):
+            record = self._waiting_record(verdict.entry.id)
+            if record is not None:
+                state.waiters.pop(record.entry_id, None)
+                state.room_nodes.add(record.node)  # strict FIFO: the next one may go now
+                self._decide_again(record, Phase.REJECTED, verdict.reason, verdict.message)
+        nodes, state.room_nodes = state.room_nodes, set()
+        if not nodes or not len(state.ledger.waiting):
+            return
+        for verdict in state.ledger.admit_waiting(now, nodes, strict=self._strict):
+            record = self._waiting_record(verdict.entry.id)
+            if record is None:  # cannot happen: every waiting entry has its record
+                state.ledger.release(verdict.entry.id)
+                continue
+            self._decide_again(record, Phase.ADMITTED, verdict.reason, verdict.message)
+            state.hold(record)
+            waited = (now - verdict.entry.created_at).total_seconds()
+            self._telemetry.waited(max(waited, 0.0))
+
+    def _waiting_record(self, entry_id: str) -> Record | None:
+        uid = self._state.waiters.get(entry_id)
+        return self._state.records.get(uid) if uid is not None else None
+
+    def _decide_again(self, record: Record, phase: Phase, reason: Reason, message: str) -> None:
+        """A waiting reservation's final decision: a new decision, written like any other."""
+        decision_id = f"{self.run_id}-{next(self._decisions)}"
+        record.decision = Decision(
+            phase=phase,
+            reason=reason,
+            message=message[:1024],
+            at=self._clock.now(),
+            decision_id=decision_id,
+            stamp=self._state.stamper.sign(record.uid, decision_id, str(phase)),
+            generation=record.decision.generation,
+        )
+        record.changed_at = self._clock.monotonic()
+        record.confirmed = record.announced = False
+        self._state.dirty_nodes.add(record.node)
         self._writer.ensure(record.uid)
 
     def _refuse(self, pending: Pending, reason: Reason, message: str) -> None:
@@ -206,7 +262,7 @@ class Admission:
             name=pending.name,
             node=entry.node if entry is not None else "",
             decision=decision,
-            pod=pod if phase == Phase.ADMITTED else None,
+            pod=pod if phase in (Phase.ADMITTED, Phase.QUEUED) else None,
             pod_uid=seen.uid if seen is not None else None,
             beats=beats,
             changed_at=now,

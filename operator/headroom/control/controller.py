@@ -110,7 +110,14 @@ class Controller:
             rng=self.rng,
         )
         self.admission = Admission(
-            state, self.writer, self.lookups, self.clock, run_id=run_id, may_act=may_act
+            state,
+            self.writer,
+            self.lookups,
+            self.clock,
+            run_id=run_id,
+            may_act=may_act,
+            strict=config.queueing.strategy == "StrictFIFO",
+            telemetry=self.telemetry,
         )
         self.reclaimer = Reclaimer(
             state,
@@ -123,6 +130,7 @@ class Controller:
             observe=lambda record, source, value: self.reconciler.observe(record, source, value),
             on_gone=lambda uid: self.reconciler.forget(uid),
             rng=self.rng,
+            wake_admission=lambda: self.admission.wake(),
         )
         self.owners = Owners(
             state,

@@ -63,10 +63,12 @@ class Reclaimer:
         observe: Callable[[Record, str, str | None], None],
         on_gone: Callable[[str], None],
         rng: random.Random,
+        wake_admission: Callable[[], None] = lambda: None,
     ) -> None:
         self._state, self._transport, self._writer = state, transport, writer
         self._clock, self._telemetry, self._config, self._rng = clock, telemetry, config, rng
         self._may_act, self._observe, self._on_gone = may_act, observe, on_gone
+        self._wake_admission = wake_admission
         self._wake = asyncio.Event()
         self._planned: datetime | None = None
         self._deletions: list[tuple[datetime, str, str, str]] = []  # (when, ns, name, uid)
@@ -117,6 +119,9 @@ class Reclaimer:
             elif record.uid not in self._checking:
                 self._checking.add(record.uid)
                 self._spawn(self._confirm_silence(record, due.message))
+        deadline = state.ledger.waiting.next_deadline()
+        if deadline is not None and deadline <= now:
+            self._wake_admission()  # a wait ran out: the decider refuses it
         while self._deletions and self._deletions[0][0] <= now:
             _, namespace, name, uid = heapq.heappop(self._deletions)
             self._spawn(self._delete(namespace, name, uid))

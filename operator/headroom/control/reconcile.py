@@ -130,6 +130,13 @@ class Reconciler:
                 self._state.remember(record)
             if verdict is Verdict.ADOPT:
                 self._adopt_later_or_now(record)
+        elif phase == Phase.QUEUED:
+            verdict = self._state.stamper.verdict(obj)
+            if verdict is Verdict.UNTRUSTED or decision is None:
+                self._distrust(obj, uid)
+                self._admission.submit(obj)
+                return
+            self._wait_again(obj, self._record_of(obj, decision))
         elif phase == Phase.RECLAIMED and decision is not None:
             record = self._record_of(obj, decision)
             self._state.remember(record)
@@ -142,6 +149,25 @@ class Reconciler:
             self.adopted.append(record)  # stamped once it is remembered
         elif self._state.records.get(record.uid) is record:
             self.adopt(record)
+
+    def _wait_again(self, obj: JSON, record: Record) -> None:
+        """A reservation that was waiting for room before a start: back in its node's queue,
+        in creation order, its wait still measured from its creation."""
+        try:
+            entry = reservation_entry(obj, self._clock.now())
+        except ValueError:
+            self._admission.submit(obj)  # decided again: InvalidSpec
+            return
+        if entry.wait_until is None:
+            self._admission.submit(obj)
+            return
+        record.node, record.pod = entry.node, entry.owner.pod
+        record.decision.position = self._state.ledger.waiting.add(entry, entry.wait_until)
+        if self._state.remember(record):
+            self._state.room_nodes.add(entry.node)
+            self._admission.wake()
+        else:
+            self._state.ledger.waiting.remove(entry.id)
 
     def _restore_admitted(self, obj: JSON, record: Record) -> None:
         """A trusted admission this process does not hold (after a start): hold it again,

@@ -85,6 +85,8 @@ class State:
         self.node_uids: dict[str, str] = {}
         self.node_seen: dict[str, float] = {}  # node -> when a watch last told us of it
         self.dirty_nodes: set[str] = set()
+        self.room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now
+        self.waiters: dict[str, str] = {}  # entry id of a waiting reservation -> its uid
         self.stamper = Stamper(None)  # replaced at start when a decision key is configured
 
     # -- records ---------------------------------------------------------------------------
@@ -107,11 +109,20 @@ class State:
                 return False
         self.records[record.uid] = record
         if record.held:
-            self.holders[record.entry_id] = record.uid
+            self.hold(record)
+        elif record.decision.phase == Phase.QUEUED:
+            self.waiters[record.entry_id] = record.uid
             self.dirty_nodes.add(record.node)
-            if record.pod:
-                self.owned.setdefault((record.namespace, record.pod), set()).add(record.uid)
         return True
+
+    def hold(self, record: Record) -> None:
+        """Link an admitted record to the entry the ledger now holds for it."""
+        self.holders[record.entry_id] = record.uid
+        if self.waiters.get(record.entry_id) == record.uid:
+            del self.waiters[record.entry_id]
+        self.dirty_nodes.add(record.node)
+        if record.pod:
+            self.owned.setdefault((record.namespace, record.pod), set()).add(record.uid)
 
     def held_record(self, entry_id: str) -> Record | None:
         uid = self.holders.get(entry_id)
@@ -127,6 +138,7 @@ class State:
         if self.holders.get(record.entry_id) == record.uid:
             del self.holders[record.entry_id]
         self.dirty_nodes.add(record.node)
+        self.room_nodes.add(record.node)  # room may have appeared for a waiting one
         if record.pod:
             key = (record.namespace, record.pod)
             owned = self.owned.get(key)
@@ -142,11 +154,21 @@ class State:
             self.unhold(record)
 
     def drop(self, uid: str) -> Record | None:
-        """Undo a decision (never written): release what it held and drop its record."""
+        """Undo a decision (never written), or forget one: release what it held (or stop its
+        waiting) and drop its record."""
         record = self.records.pop(uid, None)
         if record is not None:
             self.release(record)
+            self.stop_waiting(record)
         return record
+
+    def stop_waiting(self, record: Record) -> None:
+        """A waiting record leaves its node's queue (decided, timed out, or gone)."""
+        if self.waiters.get(record.entry_id) == record.uid:
+            del self.waiters[record.entry_id]
+            self.ledger.waiting.remove(record.entry_id)
+            self.dirty_nodes.add(record.node)
+            self.room_nodes.add(record.node)  # under strict FIFO the next one may go now
 
     def forget(self, uid: str, now: float) -> Record | None:
         """The object is gone: release what it held, drop its record, leave a tombstone."""

@@ -1,4 +1,4 @@
-"""NodeHeadroom: one per Node, written from the ledger, coalesced.
+"""NodeHeadroom (one per Node) and the queue positions of waiting reservations, coalesced.
 
 Decisions only mark a node dirty; a flusher writes each dirty node's NodeHeadroom
 at most once per ``summaryInterval`` and only when its figures changed, so a
@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
+from typing import Any
 
 from headroom.api.config import OperatorConfig
 from headroom.api.constants import API_VERSION
-from headroom.api.paths import NODE_HEADROOMS, node_headroom_path
+from headroom.api.paths import NODE_HEADROOMS, node_headroom_path, reservation_path
 from headroom.api.refs import ObjectRef
-from headroom.control.state import State
+from headroom.control.state import Record, State
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
-from headroom.objects.status import timestamp
+from headroom.objects.status import set_position, timestamp
 from headroom.objects.summary import headroom_status
 
 log = logging.getLogger(__name__)
+MAX_POSITION_WRITES = 200
 
 
 class Summaries:
@@ -73,10 +75,51 @@ class Summaries:
             if self._written.get(node) == status:
                 continue
             writes.append(self._write(node, status, now))
+        writes += self._positions(sorted(dirty))
         results = await asyncio.gather(*writes, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 log.warning("NodeHeadroom write failed: %s", result)
+
+    def _positions(self, nodes: list[str]) -> list[Coroutine[Any, Any, None]]:
+        """Move the ``queuePosition`` of waiting reservations whose place changed.
+
+        At most ``MAX_POSITION_WRITES`` per flush, front of each queue first: when a
+        burst moves a long queue, the ones about to be admitted learn it first and the
+        rest a flush or two later, instead of one burst of writes competing with the
+        decisions themselves.
+        """
+        state = self._state
+        writes: list[Coroutine[Any, Any, None]] = []
+        for node in nodes:
+            for number, waiting in enumerate(state.ledger.waiting.on(node), 1):
+                record = state.records.get(state.waiters.get(waiting.entry.id, ""))
+                if record is None or record.decision.position == number:
+                    continue
+                if not record.confirmed:  # its decision, when written, carries the new place
+                    record.decision.position = number
+                    continue
+                if len(writes) >= MAX_POSITION_WRITES:
+                    state.dirty_nodes.add(node)  # the rest at the next flush
+                    break
+                record.decision.position = number
+                writes.append(self._write_position(record, node, number))
+        return writes
+
+    async def _write_position(self, record: Record, node: str, number: int) -> None:
+        if not self._may_act():
+            return
+        path = reservation_path(record.namespace, record.name, "status")
+        try:
+            async with asyncio.timeout(min(self._time_left(), 30.0)):
+                await self._transport.json_patch(
+                    path, set_position(record.uid, record.decision.decision_id, number)
+                )
+        except (ApiError, ApiUnavailableError, TimeoutError) as error:
+            if record.decision.position == number:
+                record.decision.position = None  # written again at a later flush
+            self._state.dirty_nodes.add(node)
+            log.debug("queuePosition of %s not written: %s", record.entry_id, error)
 
     def _unbuildable_summary(self, node: str, error: Exception) -> None:
         message = f"NodeHeadroom {node} not updated: {error}"[:1024]

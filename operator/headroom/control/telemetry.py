@@ -17,6 +17,10 @@ class Telemetry(Protocol):
 
     def reclaimed(self, reason: str) -> None: ...
 
+    def waited(self, seconds: float) -> None:
+        """A reservation that waited for room was admitted after ``seconds``."""
+        ...
+
     def status_write_failed(self) -> None:
         """A status write was refused or unanswered and will be tried again (or given up)."""
         ...
@@ -27,6 +31,9 @@ class NoTelemetry:
         pass
 
     def reclaimed(self, reason: str) -> None:
+        pass
+
+    def waited(self, seconds: float) -> None:
         pass
 
     def status_write_failed(self) -> None:

@@ -30,6 +30,7 @@ class Entry:
     expires_at: datetime | None = None
     owner: Owner = field(default_factory=Owner)
     description: str = ""
+    wait_until: datetime | None = None  # may wait for room until then (creation + spec.wait)
 
     def is_expired(self, now: datetime) -> bool:
         """The entry has a hard expiry and it has passed."""

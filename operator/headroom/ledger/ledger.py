@@ -25,13 +25,14 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger.entry import Entry
 from headroom.ledger.node import NodeState, format_ratio
+from headroom.ledger.queue import WaitQueues
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
 
@@ -45,6 +46,23 @@ class Decision:
     reason: Reason
     message: str
     entry: Entry
+    position: int | None = None  # not admitted, but waiting: its place in its node's queue
+
+    @property
+    def queued(self) -> bool:
+        return self.position is not None
+
+
+#: Refusals a reservation may wait out (room may appear); the others are final.
+WAITABLE = frozenset(
+    {
+        Reason.NODE_UNKNOWN,
+        Reason.INSUFFICIENT_RAM,
+        Reason.INSUFFICIENT_VRAM,
+        Reason.TOO_MANY_ENTRIES,
+        Reason.WAITERS_AHEAD,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +89,7 @@ class Ledger:
         self._sequence = itertools.count()
         self._reserved_mb = self._released_mb = self._reclaimed_mb = 0
         self._failures: Counter[Reason] = Counter()
+        self.waiting = WaitQueues()
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
 
@@ -149,6 +168,74 @@ class Ledger:
             )
         )
         return Decision(True, Reason.FITS, message, entry)
+
+    def reserve_or_wait(
+        self, entry: Entry, now: datetime, until: datetime | None, *, strict: bool = False
+    ) -> Decision:
+        """Admit ``entry`` if it fits; else, if it may wait until ``until``, queue it.
+
+        Under strict FIFO nothing goes ahead of a reservation already waiting on the
+        node: a newcomer waits behind it (or, without a wait, is refused).
+        """
+        if strict and self.waiting.on(entry.node) and entry.id not in self._entries:
+            waiters = len(self.waiting.on(entry.node))
+            refusal: tuple[Reason, str] | None = (
+                Reason.WAITERS_AHEAD,
+                f"node {entry.node}: {waiters} reservations wait ahead of this one (strict FIFO)",
+            )
+        else:
+            refusal = self._refusal(entry, now)
+        if refusal is None:
+            return self.reserve(entry, now)
+        reason, message = refusal
+        if until is not None and until > now and reason in WAITABLE:
+            position = self.waiting.add(entry, until)
+            return Decision(
+                False, reason, f"{message}; waits until {until.isoformat()}", entry, position
+            )
+        self._failures[reason] += 1
+        return Decision(False, reason, message, entry)
+
+    def admit_waiting(
+        self, now: datetime, nodes: Iterable[str], *, strict: bool = False
+    ) -> list[Decision]:
+        """Admit, in order, what waits on ``nodes`` and fits now (room may have appeared)."""
+        admitted: list[Decision] = []
+        for node in sorted(set(nodes)):
+            for waiting in self.waiting.on(node):
+                entry = waiting.entry
+                refusal = self._refusal(entry, now)
+                if refusal is None:
+                    self.waiting.remove(entry.id)
+                    admitted.append(self.reserve(entry, now))
+                elif strict and refusal[0] != Reason.ALREADY_EXPIRED:
+                    break  # the oldest blocks the ones behind it
+        return admitted
+
+    def wait_over(self, now: datetime) -> list[Decision]:
+        """Waiting reservations whose wait, or hard expiry, ran out: refused now."""
+        refused = []
+        for waiting in self.waiting.due(now):
+            entry = waiting.entry
+            if entry.is_expired(now):
+                reason, message = (
+                    Reason.ALREADY_EXPIRED,
+                    (
+                        f"expired at {entry.expires_at.isoformat() if entry.expires_at else ''} "
+                        "while waiting for room"
+                    ),
+                )
+            else:
+                reason = Reason.WAIT_TIMEOUT
+                state = self._nodes.get(entry.node)
+                why = self._refusal(entry, now) if state is not None else None
+                message = (
+                    f"waited until {waiting.until.isoformat()} for room on node {entry.node}"
+                    + (f": {why[1]}" if why else "")
+                )
+            self._failures[reason] += 1
+            refused.append(Decision(False, reason, message, entry))
+        return refused
 
     def _refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
         node = entry.node
@@ -295,11 +382,15 @@ class Ledger:
         return due
 
     def next_deadline(self) -> datetime | None:
-        """No entry can go stale or expire before this (it may be earlier than needed)."""
+        """No entry can go stale or expire, and no wait run out, before this (it may be
+        earlier than needed)."""
         heap = self._deadlines
         while heap and self._live.get(heap[0][2]) != heap[0][1]:
             heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        deadlines = [heap[0][0]] if heap else []
+        if (waiting := self.waiting.next_deadline()) is not None:
+            deadlines.append(waiting)
+        return min(deadlines, default=None)
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -364,10 +455,12 @@ class Ledger:
         return allocatable(state) if state else 0
 
     def node_summary(self, node: str, now: datetime) -> NodeSummary:
-        return summarize(self._nodes.get(node) or NodeState(node, self.limits), now)
+        summary = summarize(self._nodes.get(node) or NodeState(node, self.limits), now)
+        queued, queued_mb = self.waiting.totals(node)
+        return replace(summary, queued_entries=queued, queued_ram_mb=queued_mb)
 
     def summary(self, now: datetime) -> ClusterSummary:
-        nodes = [summarize(state, now) for _, state in sorted(self._nodes.items())]
+        nodes = [self.node_summary(name, now) for name in sorted(self._nodes)]
         return ClusterSummary(
             nodes=nodes,
             total_reserved_mb=sum(n.reserved_ram_mb for n in nodes),

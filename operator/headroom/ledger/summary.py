@@ -29,6 +29,8 @@ class NodeSummary:
     max_entries: int
     utilization_pct: float  # display only; never used in a decision
     over_committed: bool
+    queued_entries: int = 0  # waiting for room (hold no capacity)
+    queued_ram_mb: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,6 +101,7 @@ def reservation_entry(obj: JSON, now: datetime) -> Entry:
             pod=owner.pod if owner else None,
         ),
         description=spec.description or "",
+        wait_until=created_at + spec.wait if spec.wait else None,
     )
 
 

@@ -47,6 +47,7 @@ class Decision:
     decision_id: str = ""
     stamp: str | None = None
     generation: int | None = None
+    position: int | None = None  # while Queued: its place in its node's queue
 
     def matches(self, status: JSON) -> bool:
         """Whether an object's status already carries this decision."""
@@ -88,6 +89,8 @@ def status_body(decision: Decision, last_heartbeat: datetime | None = None) -> J
             status["lastHeartbeat"] = precise(last_heartbeat)
     elif decision.phase == Phase.RECLAIMED:
         status["reclaimedAt"] = timestamp(decision.at)
+    elif decision.phase == Phase.QUEUED and decision.position is not None:
+        status["queuePosition"] = decision.position
     return status
 
 
@@ -96,6 +99,15 @@ def replace_status(uid: str, status: JSON) -> list[JSON]:
     return [
         {"op": "test", "path": "/metadata/uid", "value": uid},
         {"op": "add", "path": "/status", "value": status},
+    ]
+
+
+def set_position(uid: str, decision_id: str, position: int) -> list[JSON]:
+    """Move a Queued reservation's ``queuePosition`` while it still carries that decision."""
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": "/status/decisionID", "value": decision_id},
+        {"op": "add", "path": "/status/queuePosition", "value": position},
     ]
 
 
@@ -116,6 +128,7 @@ def decision_of(status: JSON, at: datetime) -> Decision | None:
     except ValueError:
         return None
     generation = status.get("observedGeneration")
+    position = status.get("queuePosition")
     return Decision(
         phase=phase,
         reason=reason,
@@ -124,4 +137,5 @@ def decision_of(status: JSON, at: datetime) -> Decision | None:
         decision_id=str(status.get("decisionID") or ""),
         stamp=status.get("decisionStamp"),
         generation=generation if isinstance(generation, int) else None,
+        position=position if isinstance(position, int) else None,
     )

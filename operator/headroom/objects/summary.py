@@ -29,6 +29,11 @@ def headroom_status(ledger: Ledger, node: str, now: datetime) -> JSON:
         max_entries=s.max_entries,
         utilization_percent=s.reserved_ram_mb * 100 // s.total_ram_mb if s.total_ram_mb else 0,
         over_committed=s.over_committed,
+        queued_entries=s.queued_entries,
+        queued_ram_mb=s.queued_ram_mb,
+        stale_window_seconds=max(
+            int(ledger.limits_for(node).heartbeat_stale_window.total_seconds()), 1
+        ),
     )
     # Absent optional figures are written as null so a merge patch clears them.
     dumped: JSON = status.model_dump(by_alias=True, mode="json", exclude={"updated_at"})

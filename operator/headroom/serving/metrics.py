@@ -49,6 +49,11 @@ class LedgerCollector(Collector):
             f"{PREFIX}_active_entries", "Admitted reservations.", value=summary.active_entries
         )
         yield GaugeMetricFamily(
+            f"{PREFIX}_queued_entries",
+            "Reservations waiting for room (spec.wait).",
+            value=len(ledger.waiting),
+        )
+        yield GaugeMetricFamily(
             f"{PREFIX}_stale_entries",
             "Admitted reservations past their heartbeat window.",
             value=summary.stale_entries,
@@ -63,6 +68,8 @@ class LedgerCollector(Collector):
             "node_reserved_vram_mb": ("VRAM admitted on the node, MiB.", "reserved_vram_mb"),
             "node_active_entries": ("Admitted reservations on the node.", "active_entries"),
             "node_stale_entries": ("Stale reservations on the node.", "stale_entries"),
+            "node_queued_entries": ("Reservations waiting for room on the node.", "queued_entries"),
+            "node_queued_ram_mb": ("RAM the waiting reservations ask for, MiB.", "queued_ram_mb"),
         }
         families = {
             key: GaugeMetricFamily(f"{PREFIX}_{key}", doc, labels=["node"])
@@ -124,6 +131,12 @@ class OperatorMetrics:
             "Status writes that failed and were rolled back or retried.",
             registry=self.registry,
         )
+        self.queue_wait = Histogram(
+            f"{PREFIX}_queue_wait_seconds",
+            "From creation to admission, for reservations that waited for room.",
+            buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400),
+            registry=self.registry,
+        )
         self.reclaims = Counter(
             f"{PREFIX}_reclaims",
             "Reservations reclaimed, by reason.",
@@ -139,6 +152,9 @@ class OperatorMetrics:
 
     def reclaimed(self, reason: str) -> None:
         self.reclaims.labels(reason).inc()
+
+    def waited(self, seconds: float) -> None:
+        self.queue_wait.observe(seconds)
 
     def status_write_failed(self) -> None:
         self.status_write_failures.inc()

@@ -1,0 +1,109 @@
+"""Reservations waiting for room (``spec.wait``): one queue per node, in creation order.
+
+A waiting reservation holds no capacity and does not count towards the entry
+cap. The ledger tries the queue of a node whenever room may have appeared there
+(a release, a reclaim, a node that grew or whose limits changed):
+
+- best-effort FIFO (Kueue's default): each waiting reservation, oldest first, is
+  admitted if it fits; one that does not fit does not stop the ones behind it;
+- strict FIFO: the oldest blocks the ones behind it until it fits or leaves.
+
+Each waits until its deadline (creation + wait; or its hard expiry, if earlier),
+kept in a heap so that the sweeper finds the next one without scanning.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from headroom.ledger.entry import Entry
+
+
+@dataclass(order=True, slots=True)
+class Waiting:
+    """One waiting reservation; ordered by creation, then by when it started to wait."""
+
+    created_at: datetime
+    sequence: int
+    entry: Entry = field(compare=False)
+    until: datetime = field(compare=False)  # creation + wait
+
+
+class WaitQueues:
+    def __init__(self) -> None:
+        self._queues: dict[str, list[Waiting]] = {}  # node -> waiting, in order
+        self._by_id: dict[str, Waiting] = {}
+        self._deadlines: list[tuple[datetime, int, str]] = []  # (until or expiry, seq, id)
+        self._sequence = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, entry_id: str) -> bool:
+        return entry_id in self._by_id
+
+    def add(self, entry: Entry, until: datetime) -> int:
+        """Start waiting; returns the entry's position on its node (1 is next)."""
+        waiting = Waiting(entry.created_at, next(self._sequence), entry, until)
+        queue = self._queues.setdefault(entry.node, [])
+        bisect.insort(queue, waiting)
+        self._by_id[entry.id] = waiting
+        deadline = min(until, entry.expires_at) if entry.expires_at else until
+        heapq.heappush(self._deadlines, (deadline, waiting.sequence, entry.id))
+        return queue.index(waiting) + 1
+
+    def remove(self, entry_id: str) -> Entry | None:
+        waiting = self._by_id.pop(entry_id, None)
+        if waiting is None:
+            return None
+        queue = self._queues[waiting.entry.node]
+        queue.pop(bisect.bisect_left(queue, waiting))
+        if not queue:
+            del self._queues[waiting.entry.node]
+        return waiting.entry
+
+    def get(self, entry_id: str) -> Waiting | None:
+        return self._by_id.get(entry_id)
+
+    def on(self, node: str) -> list[Waiting]:
+        """The node's queue, oldest first (a copy)."""
+        return list(self._queues.get(node, ()))
+
+    def nodes(self) -> list[str]:
+        return sorted(self._queues)
+
+    def position(self, entry_id: str) -> int | None:
+        waiting = self._by_id.get(entry_id)
+        if waiting is None:
+            return None
+        return bisect.bisect_left(self._queues[waiting.entry.node], waiting) + 1
+
+    def due(self, now: datetime) -> list[Waiting]:
+        """Waiting reservations whose wait (or expiry) ran out; removed from their queue."""
+        found = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, sequence, entry_id = heapq.heappop(self._deadlines)
+            waiting = self._by_id.get(entry_id)
+            if waiting is not None and waiting.sequence == sequence:
+                self.remove(entry_id)
+                found.append(waiting)
+        return found
+
+    def next_deadline(self) -> datetime | None:
+        heap = self._deadlines
+        while heap:
+            _, sequence, entry_id = heap[0]
+            waiting = self._by_id.get(entry_id)
+            if waiting is not None and waiting.sequence == sequence:
+                return heap[0][0]
+            heapq.heappop(heap)
+        return None
+
+    def totals(self, node: str) -> tuple[int, int]:
+        """(waiting reservations, RAM they ask for) on ``node``."""
+        queue = self._queues.get(node, ())
+        return len(queue), sum(w.entry.ram_mb for w in queue)
