@@ -1,17 +1,19 @@
-"""B0–B4 and B6: the operator measured on the local real control plane.
+"""B0–B4, B6 and B7: the operator measured on the local real control plane.
 
 Every throughput figure is paired with B0, the API server's own ceiling measured
 in the same run (a bare async client creating Reservations and patching their
 status, no operator), and the ratio is the headline: the machine is shared and
 noisy, ratios are comparable across runs, absolute rates are not.
 
-    python bench/cluster.py [--quick] [--json PATH] [--only b1,b2,b3,b4,b6]
+    python bench/cluster.py [--quick] [--json PATH] [--only b1,b2,b3,b4,b7,b6]
                             [--b3-reservations N] [--b6-nodes N] [--b6-reservations N]
-                            [--fail-after b0|b1|b2|b3|b4]
+                            [--fail-after b0|b1|b2|b3|b4|b7]
 
 B0 always runs (every ratio needs it); ``--only`` picks the others (``--only-b6``
 and ``--skip-b6`` are shorthands). ``--b3-reservations`` sizes B3 (10,000, quick
-2,000; plus the one new reservation).
+2,000; plus the one new reservation). B7: 1,000 reservations (quick: 200) queued
+with ``spec.wait`` on 10 full nodes, then every node's holder released at once:
+admissions per second until all are Admitted, as a ratio to B0.
 
 Nothing measured is lost to a later failure: as soon as a figure is measured its
 benchmark's row is printed and the ``--json`` file is rewritten atomically with
@@ -61,7 +63,8 @@ from headroom_dev.operator import OperatorProcess
 ROOT = Path(__file__).resolve().parents[1]
 RSV = resource_path("headroom.dev", "v1alpha1", "reservations")
 JSON = dict[str, Any]
-PHASES = ("b1", "b2", "b3", "b4", "b6")
+PHASES = ("b1", "b2", "b3", "b4", "b7", "b6")
+B7_NODE_LIMIT_MB = 9216  # each B7 node: 10 GiB, less the 1 GiB system reserve
 
 PROGRESS_S = 10.0  # a waiting loop or a clean-up says where it stands this often
 ATTEMPTS = 5  # tries of one request that fails transiently (1, 2, 4, 8 s apart)
@@ -477,6 +480,56 @@ class Bench:
         operator.stop()
         return {"reservations": count, "after_deadline_s": done - deadline, "sweep_period_s": sweep}
 
+    # -- B7 ------------------------------------------------------------------------------
+
+    async def b7_queue(self, client: KubeClient, nodes: list[str], count: int) -> float:
+        """``count`` reservations queued on full ``nodes``, then every holder released at
+        once: admissions per second from the release until every queued one is Admitted
+        (the nodes have room for all of them once the holders are gone)."""
+        operator = self.operator(
+            {"limits": {"maxEntriesPerNode": 100_000}, "reclaimedRetention": "1h"}
+        ).start()
+        namespace = await self.namespace(client)
+        for node in nodes:  # each node full
+            holder = body(f"hold-{node}", node, B7_NODE_LIMIT_MB)
+            await persist(lambda h=holder: client.create(ns_path(namespace), h), node, landed=409)
+        await self.wait_decided(client, namespace, len(nodes), operator)
+        each = B7_NODE_LIMIT_MB // (count // len(nodes) + 1)
+        queued = 0
+
+        async def one(i: int) -> None:
+            nonlocal queued
+            name = f"q{i:05d}"
+            rsv = body(name, nodes[i % len(nodes)], each)
+            rsv["spec"]["wait"] = "1h"
+            await persist(lambda: client.create(ns_path(namespace), rsv), name, landed=409)
+            queued += 1
+
+        async with every(PROGRESS_S, lambda: f"B7: {queued:,} of {count:,} queued"):
+            await bounded([one(i) for i in range(count)], 64)
+
+        async def all_queued() -> tuple[bool, str]:
+            items, _ = await client.list_all(ns_path(namespace))
+            waiting = sum(1 for i in items if (i.get("status") or {}).get("phase") == "Queued")
+            return waiting == count, f"{waiting:,} of {count:,} Queued"
+
+        await until("B7: queue", all_queued, within=600, period=0.2, operator=operator)
+        start = time.monotonic()
+        await bounded(
+            [client.delete(ns_path(namespace, f"hold-{node}")) for node in nodes], len(nodes)
+        )
+
+        async def all_admitted() -> tuple[bool, str]:
+            items, _ = await client.list_all(ns_path(namespace))
+            done = sum(1 for i in items if (i.get("status") or {}).get("phase") == "Admitted")
+            return done == count, f"{done:,} of {count:,} Admitted"
+
+        end = await until(
+            "B7: admissions", all_admitted, within=600, period=0.05, operator=operator
+        )
+        operator.stop()
+        return count / (end - start)
+
     @staticmethod
     async def metric(operator: OperatorProcess, key: str, unanswered: float) -> float:
         """One value from the operator's /metrics; ``unanswered`` while a busy operator
@@ -600,6 +653,17 @@ class Run:
             self.results.figure("B4", **figures)
             self.results.finish("B4")
             await self.clean("B4", None)
+        if "b7" in only:
+            self.results.begin("B7")
+            nodes = [f"b7-node-{i}" for i in range(10)]
+            for node in nodes:
+                create_node(core, node, memory=f"{B7_NODE_LIMIT_MB + 1024}Mi")
+            count = 200 if self.args.quick else 1000
+            rate = await bench.b7_queue(client, nodes, count)
+            self.results.repeat("B7", "admissions_per_s", rate)
+            self.results.figure("B7", reservations=count, nodes=len(nodes))
+            self.results.finish("B7")
+            await self.clean("B7", None)
         if "b6" in only:
             # The last phase: its 5,000 Nodes and 50,000 reservations go with the
             # control plane, no clean-up needed.
@@ -743,7 +807,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
     parser.add_argument(
-        "--only", default=",".join(PHASES), help="which of b1,b2,b3,b4,b6 to run after B0"
+        "--only", default=",".join(PHASES), help="which of b1,b2,b3,b4,b7,b6 to run after B0"
     )
     parser.add_argument("--only-b6", action="store_true", help="B0 and B6 only")
     parser.add_argument("--skip-b6", action="store_true", help="B0 to B4 only")

@@ -91,12 +91,24 @@ def _b6(b6: dict[str, Any]) -> Row | None:
     return "B6", f"{b6['nodes']:,} nodes, {b6['reservations']:,} reservations", figure
 
 
+def _b7(b7: dict[str, Any]) -> Row | None:
+    rates = b7.get("admissions_per_s") or []
+    figure = _join(
+        [_spread(rates, "/s")] if rates else [], _parts(b7, ("ratio_to_B0", "{:.2f} x B0"))
+    )
+    if not figure:
+        return None
+    what = f"{b7.get('reservations', 0):,} queued on {b7.get('nodes', 0)} full nodes, room at once"
+    return "B7", what, figure
+
+
 _ROWS: dict[str, Callable[[dict[str, Any]], Row | None]] = {
     "B0": _b0,
     "B1": _b1,
     "B2": _b2,
     "B3": _b3,
     "B4": _b4,
+    "B7": _b7,
     "B6": _b6,
 }
 

@@ -3,7 +3,8 @@
 - No node's Admitted reservations exceed its limit.
 - Every reservation has a decision; none is stuck undecided.
 - No reservation is decided twice: each one's status only ever carries one
-  decision stamp, and Admitted only ever moves on to Reclaimed.
+  final decision (Admitted or Rejected; Queued is not final), and Admitted only
+  ever moves on to Reclaimed.
 - Each NodeHeadroom equals a recount of the Admitted reservations on its node.
 
 A :class:`History` watches every status change while the chaos runs.
@@ -24,6 +25,7 @@ from headroom_dev.reservations import list_all
 
 GROUP, VERSION, PLURAL = "headroom.dev", "v1alpha1", "reservations"
 ALLOWED_NEXT = {
+    "Queued": {"Queued", "Admitted", "Rejected"},
     "Admitted": {"Admitted", "Reclaimed"},
     "Rejected": {"Rejected"},
     "Reclaimed": {"Reclaimed"},

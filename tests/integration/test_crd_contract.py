@@ -76,6 +76,11 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("owner-not-object", with_spec(owner="me"), "spec.owner"),
     ("unknown-spec-field", with_spec(ramGB=8), 'unknown field "spec.ramGB"'),
     ("unknown-owner-field", with_spec(owner={"user": "x"}), 'unknown field "spec.owner.user"'),
+    ("wait-negative", with_spec(wait="-5m"), "spec.wait"),
+    ("wait-absurd", with_spec(wait="25h"), "spec.wait: Invalid value"),
+    ("wait-days", with_spec(wait="2d"), "spec.wait"),
+    ("wait-not-a-duration", with_spec(wait="soon"), "spec.wait"),
+    ("wait-number", with_spec(wait=600), "spec.wait"),
     ("spec-missing", {k: v for k, v in VALID.items() if k != "spec"}, "spec: Required value"),
     ("spec-not-object", {**VALID, "spec": "8Gi please"}, "spec"),
 ]
@@ -140,7 +145,7 @@ def test_metadata_changes_are_allowed_after_creation(
 def test_printer_columns(crds: list[str], kubectl: Kubectl, namespace: str) -> None:
     assert apply(kubectl, namespace, VALID).returncode == 0
     header = kubectl("get", "rsv", "-n", namespace).stdout.splitlines()[0].split()
-    assert header == ["NAME", "NODE", "RAM", "VRAM", "PHASE", "REASON", "AGE"]
+    assert header == ["NAME", "NODE", "RAM", "VRAM", "PHASE", "REASON", "POSITION", "AGE"]
     name = f"printer-{namespace}"
     created = kubectl(
         "create",
@@ -156,7 +161,16 @@ def test_printer_columns(crds: list[str], kubectl: Kubectl, namespace: str) -> N
     )
     assert created.returncode == 0, created.stderr
     header = kubectl("get", "nodeheadroom", name).stdout.splitlines()[0].split()
-    assert header == ["NAME", "TOTAL", "RESERVED", "ALLOCATABLE", "UTIL%", "ENTRIES", "STALE"]
+    assert header == [
+        "NAME",
+        "TOTAL",
+        "RESERVED",
+        "ALLOCATABLE",
+        "UTIL%",
+        "ENTRIES",
+        "STALE",
+        "QUEUED",
+    ]
     kubectl("delete", "nodeheadroom", name)
 
 

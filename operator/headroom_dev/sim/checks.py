@@ -18,6 +18,8 @@ At every change the fake API server applies (``FakeApiServer.subscribe``):
 - **every write is the truth when it is sent**: a status that lands says what
   the writing operator's record said at most ``LANDING_SLACK`` seconds before
   (the network's latency), unless that operator's network was paused meanwhile;
+- **strict FIFO**: under that strategy, a reservation that waited is admitted only
+  when no older one still waits on its node in the deciding operator's ledger;
 - **no NodeUnknown for a known node**: a reservation is not refused NodeUnknown
   when its node was there, with a known capacity, from before the reservation
   was created until the refusal landed.
@@ -70,6 +72,7 @@ class Checker:
     )
     _nodes: dict[str, JSON] = field(default_factory=dict)
     _phase: dict[str, str] = field(default_factory=dict)
+    _status: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # uid -> (phase, id)
     _decision: dict[str, str] = field(default_factory=dict)
     _admitted_at: dict[str, float] = field(default_factory=dict)
     _admitted: dict[str, tuple[str, int]] = field(default_factory=dict)  # uid -> (node, MiB)
@@ -143,14 +146,17 @@ class Checker:
         self._beat("Reservation", key, obj)
         phase, decision = status.get("phase"), status.get("decisionID")
         before = self._phase.get(uid)
-        if phase is None or (
-            phase == before and (phase == "Reclaimed" or decision == self._decision.get(uid))
-        ):
-            return
+        if phase is None or self._status.get(uid) == (phase, decision):
+            return  # not a status change (an annotation, a queue position)
+        self._status[uid] = (phase, decision)
         if before == "Rejected" or (before == "Reclaimed" and phase != "Reclaimed"):
             self.fail(f"{key}: {before} became {phase}")
         if before == "Admitted" and phase not in ("Admitted", "Reclaimed"):
             self.fail(f"{key}: Admitted became {phase}")
+        if phase == "Queued" and before not in (None, "Queued"):
+            self.fail(f"{key}: {before} became Queued")
+        if phase == "Admitted" and before == "Queued":
+            self._strict_fifo(key, obj, str(decision))
         if phase in ("Admitted", "Rejected"):
             if uid in self._decision and self._decision[uid] != decision:
                 self.fail(f"{key}: decided twice ({self._decision[uid]}, then {decision})")
@@ -196,6 +202,19 @@ class Checker:
                 f"{key}: {status.get('phase')} landed {now - record.changed_at:.2f}s after "
                 f"{replica.run_id}'s truth became {record.decision.phase}"
             )
+
+    def _strict_fifo(self, key: tuple[str, str], obj: JSON, decision: str) -> None:
+        if self.config.queueing.strategy != "StrictFIFO":
+            return
+        replica = self.replicas.get(decision.split("-", 1)[0])
+        controller = replica.controller if replica is not None else None
+        if controller is None:
+            return
+        created = (obj["metadata"].get("creationTimestamp") or "", key)
+        for waiting in controller.state.ledger.waiting.on(obj["spec"]["node"]):
+            ahead = waiting.entry.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+            if (ahead, tuple(waiting.entry.id.split("/", 1))) < created:
+                self.fail(f"{key}: admitted while {waiting.entry.id} still waits ahead of it")
 
     def _node_unknown(self, uid: str, key: tuple[str, str], node: str) -> None:
         created = self._created.get(uid, self.now())

@@ -61,9 +61,10 @@ def simulate(seed: int) -> Outcome:
     return run_virtual(_Schedule(seed).run(), max_virtual_seconds=3600)
 
 
-def _config(leader: bool) -> OperatorConfig:
+def _config(leader: bool, strict: bool) -> OperatorConfig:
     return OperatorConfig.model_validate(
         {
+            "queueing": {"strategy": "StrictFIFO" if strict else "BestEffortFIFO"},
             "limits": {"heartbeatStaleWindow": f"{WINDOW:g}s", "maxEntriesPerNode": 6},
             "sweepPeriod": "1s",
             "summaryInterval": "500ms",
@@ -163,7 +164,7 @@ class _Schedule:
             bookmark_interval=self.rng.choice([5.0, 60.0]),
         )
         self.leader = self.rng.random() < 0.35
-        self.config = _config(self.leader)
+        self.config = _config(self.leader, strict=self.rng.random() < 0.5)
         lease_path = resource_path("coordination.k8s.io", "v1", "leases", *LEASE)
         self.pauses: list[tuple[str, float, float]] = []  # (run id, from, to)
         self.checker = Checker(
@@ -388,6 +389,8 @@ class _Schedule:
             spec["expiresAt"] = (
                 self.clock.now() + timedelta(seconds=self.rng.uniform(1, 60))
             ).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.rng.random() < 0.4:  # it may wait for room
+            spec["wait"] = f"{self.rng.uniform(1, 60):.1f}s"
         how = self.rng.choice(["silent", "self", "self", "pod", "pod", "late-pod", "no-pod"])
         if how in ("pod", "late-pod", "no-pod"):
             pod = f"owner-{name}"

@@ -42,7 +42,15 @@ CEL_RULES: dict[str, CelRule] = {
     "self >= timestamp('1970-01-01T00:00:00Z') && self < timestamp('9000-01-01T00:00:00Z')": (
         lambda value, _: "1970" <= value[:4] < "9000"
     ),
+    # spec.wait has already matched the Go-duration pattern.
+    "duration(self) <= duration('86400s')": lambda value, _: _seconds(value) <= 86400,
 }
+
+
+def _seconds(value: str) -> float:
+    units = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    return sum(float(n) * units[u] for n, u in re.findall(r"([0-9.]+)(ns|us|ms|s|m|h)", value))
+
 
 _DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 
