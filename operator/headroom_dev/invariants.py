@@ -108,7 +108,7 @@ def check(
     admitted: dict[str, int] = defaultdict(int)
     for obj in items:
         phase = (obj.get("status") or {}).get("phase")
-        if phase not in ("Admitted", "Rejected", "Reclaimed"):
+        if phase not in ("Queued", "Admitted", "Rejected", "Reclaimed"):
             found.append(f"{obj['metadata']['name']} undecided: {obj.get('status')}")
         if phase == "Admitted":
             admitted[obj["spec"]["node"]] += obj["spec"]["ramMB"]

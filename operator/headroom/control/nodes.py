@@ -88,6 +88,7 @@ class Nodes:
                 name, capacity.total_ram_mb, capacity.vram_mb, capacity.limits
             )
         state.dirty_nodes.add(name)
+        state.room_nodes.add(name)  # it may have grown, or its limits loosened
         self._changed()
 
     async def relist(self) -> str:
