@@ -173,3 +173,43 @@ def test_a_queue_survives_a_restart_and_empties_in_order(
             assert rsv.wait_for(custom, namespace, f"w{i}-{node}", ("Admitted",))
         assert queued(custom, namespace, f"late-{node}")["queuePosition"] == 1
     assert invariants.check(custom, core, namespace, 1024, nodes) == []
+
+
+def test_a_node_headroom_carries_its_nodes_labels(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+) -> None:
+    """So that placement code that may not read Nodes can still select NodeHeadrooms."""
+    node = f"l-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="5Gi", labels={"gpu": "a100", "zone": "z1"})
+    run_operator({"summaryInterval": "100ms"})
+    deadline = time.monotonic() + 15
+    labels: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        try:
+            headroom = custom.get_cluster_custom_object(
+                "headroom.dev", "v1alpha1", "nodeheadrooms", node
+            )
+            labels = headroom["metadata"].get("labels") or {}
+        except client.ApiException:
+            labels = {}
+        if labels.get("gpu") == "a100":
+            break
+        time.sleep(0.1)
+    assert labels == {"gpu": "a100", "zone": "z1"}
+    core.patch_node(node, {"metadata": {"labels": {"zone": None, "tier": "spot"}}})
+    while time.monotonic() < deadline + 15:
+        headroom = custom.get_cluster_custom_object(
+            "headroom.dev", "v1alpha1", "nodeheadrooms", node
+        )
+        labels = headroom["metadata"].get("labels") or {}
+        if "zone" not in labels:
+            break
+        time.sleep(0.1)
+    assert labels == {"gpu": "a100", "tier": "spot"}
+    selected = custom.list_cluster_custom_object(
+        "headroom.dev", "v1alpha1", "nodeheadrooms", label_selector="gpu=a100,tier=spot"
+    )
+    assert [i["metadata"]["name"] for i in selected["items"]] == [node]

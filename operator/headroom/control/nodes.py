@@ -66,12 +66,15 @@ class Nodes:
             return  # a watch event since the snapshot was asked for may be newer
         if event_type == DELETED:
             state.node_uids.pop(name, None)
+            state.node_labels.pop(name, None)
             state.ledger.remove_node(name)
             self._bad_values.pop(name, None)
             self._spawn(self._delete_summary(name))
             self._changed()
             return
         state.node_uids[name] = meta.get("uid", "")
+        labels = meta.get("labels") or {}
+        state.node_labels[name] = {str(k): str(v) for k, v in labels.items()}
         capacity = node_capacity(obj, state.limits, self._config.ram_source)
         if capacity.problems and capacity.problems != self._bad_values.get(name):
             self._events.record(

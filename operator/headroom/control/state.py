@@ -83,6 +83,7 @@ class State:
         self.pods: dict[PodKey, SeenPod] = {}  # labelled pods
         self.owned: dict[PodKey, set[str]] = {}  # owner pod -> uids it holds
         self.node_uids: dict[str, str] = {}
+        self.node_labels: dict[str, dict[str, str]] = {}  # copied onto its NodeHeadroom
         self.node_seen: dict[str, float] = {}  # node -> when a watch last told us of it
         self.dirty_nodes: set[str] = set()
         self.room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now

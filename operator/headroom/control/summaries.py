@@ -1,5 +1,9 @@
 """NodeHeadroom (one per Node) and the queue positions of waiting reservations, coalesced.
 
+A NodeHeadroom carries its Node's labels, so that placement code that may read
+NodeHeadrooms but not Nodes (a tenant) can still select them
+(``kubectl headroom fit -l gpu=a100``, ``kubectl get nodeheadrooms -l …``).
+
 Decisions only mark a node dirty; a flusher writes each dirty node's NodeHeadroom
 at most once per ``summaryInterval`` and only when its figures changed, so a
 burst of 1,000 admissions on one node costs one or two writes, not 1,000. Each
@@ -46,6 +50,7 @@ class Summaries:
         self._clock, self._config = clock, config
         self._may_act, self._time_left = may_act, time_left
         self._written: dict[str, JSON] = {}
+        self._written_labels: dict[str, dict[str, str]] = {}
         self._unbuildable: dict[str, str] = {}  # node -> why its summary could not be built
 
     async def run(self) -> None:
@@ -72,7 +77,8 @@ class Summaries:
                 self._unbuildable_summary(node, error)
                 continue
             self._unbuildable.pop(node, None)
-            if self._written.get(node) == status:
+            labels = state.node_labels.get(node, {})
+            if self._written.get(node) == status and self._written_labels.get(node) == labels:
                 continue
             writes.append(self._write(node, status, now))
         writes += self._positions(sorted(dirty))
@@ -141,6 +147,7 @@ class Summaries:
         if not self._may_act():
             self._state.dirty_nodes.add(node)
             return
+        labels = dict(self._state.node_labels.get(node, {}))
         try:
             async with asyncio.timeout(min(self._time_left(), 30.0)):
                 try:
@@ -150,10 +157,23 @@ class Summaries:
                         raise
                     await self._create(node)
                     await self._transport.merge_patch(path, body)
+                if self._written_labels.get(node) != labels:
+                    await self._write_labels(node, labels)
         except (ApiError, ApiUnavailableError, TimeoutError):
             self._state.dirty_nodes.add(node)  # written at the next flush
             raise
         self._written[node] = status
+        self._written_labels[node] = labels
+
+    async def _write_labels(self, node: str, labels: dict[str, str]) -> None:
+        """Make the NodeHeadroom's labels its Node's (a merge patch: None removes one)."""
+        before = self._written_labels.get(node)
+        if before is None:  # not known what it carries: read it
+            current = await self._transport.get(node_headroom_path(node))
+            before = (current.get("metadata") or {}).get("labels") or {}
+        patch: dict[str, str | None] = {key: None for key in before if key not in labels}
+        patch.update(labels)
+        await self._transport.merge_patch(node_headroom_path(node), {"metadata": {"labels": patch}})
 
     async def _create(self, node: str) -> None:
         owner = {
@@ -165,7 +185,11 @@ class Summaries:
         body = {
             "apiVersion": API_VERSION,
             "kind": "NodeHeadroom",
-            "metadata": {"name": node, "ownerReferences": [owner]},
+            "metadata": {
+                "name": node,
+                "ownerReferences": [owner],
+                "labels": self._state.node_labels.get(node, {}),
+            },
         }
         try:
             await self._transport.create(NODE_HEADROOMS, body)
@@ -176,6 +200,7 @@ class Summaries:
     async def delete(self, node: str) -> None:
         """A Node went away: its NodeHeadroom goes too (no garbage collector is assumed)."""
         self._written.pop(node, None)
+        self._written_labels.pop(node, None)
         try:
             await self._transport.delete(node_headroom_path(node))
         except (ApiError, ApiUnavailableError) as error:
