@@ -18,7 +18,7 @@ from headroom.client import Connection, from_kubeconfig
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane, binary
 from headroom_dev.operator import OperatorProcess
-from tests.integration.cli_checks import Cli
+from tests.integration.cli_checks import Cli, Hold
 from tests.integration.polling import eventually
 
 VENV_BIN = Path(sys.executable).parent
@@ -50,6 +50,21 @@ def cli(control_plane: ControlPlane, namespace: str) -> Cli:
         )
 
     return run
+
+
+@pytest.fixture
+def hold(control_plane: ControlPlane, namespace: str) -> Hold:
+    """The argv of ``hold`` as the admin in the test's namespace, the command after ``--``."""
+
+    def argv(*flags: str, command: list[str], via: str = "module") -> list[str]:
+        prefix = {
+            "module": [sys.executable, "-m", "headroom"],
+            "kubectl": [str(binary("kubectl")), "headroom"],
+        }[via]
+        common = ["--kubeconfig", str(control_plane.kubeconfig), "-n", namespace]
+        return [*prefix, "hold", *common, *flags, "--", *command]
+
+    return argv
 
 
 @pytest.fixture

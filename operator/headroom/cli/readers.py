@@ -14,7 +14,8 @@ from typing import Any, cast
 from headroom.api.constants import GROUP, VERSION
 from headroom.client import calls
 from headroom.client.calls import REQUEST_TIMEOUT
-from headroom.client.connection import Connection, from_kubeconfig
+from headroom.client.connection import Connection
+from headroom.client.connection import connect as client_connect
 
 JSON = dict[str, Any]
 #: A connection plus the namespace kubectl would use (the claim library's).
@@ -22,8 +23,9 @@ Cluster = Connection
 
 
 def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Cluster:
-    """Load the kubeconfig (current context unless named), as kubectl does."""
-    return from_kubeconfig(kubeconfig, context, namespace)
+    """As kubectl: the kubeconfig (current context unless named), else in a pod its
+    service account (the claim library's rule, so that ``hold`` and the rest agree)."""
+    return client_connect(kubeconfig, context, namespace)
 
 
 def node_headrooms(cluster: Cluster) -> list[JSON]:

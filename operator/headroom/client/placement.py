@@ -42,6 +42,10 @@ NODEHEADROOM_GRANT = (
 _STATUS_FIELDS = {field.alias or name for name, field in NodeHeadroomStatus.model_fields.items()}
 
 
+#: The rule, in a few words, for messages.
+ORDER_RULE = "most allocatable RAM first, then most free VRAM, then name"
+
+
 class AutoNode:
     """Stands for "the best node now" where a node name is expected (``AUTO``)."""
 

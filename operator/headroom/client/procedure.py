@@ -146,7 +146,7 @@ def obtain(
                 placement.no_room(rooms, request.ram_mb, request.vram_mb, selector)
             )
         nodes = [room.node for room in chosen]
-        report(f"node {nodes[0]} chosen (most allocatable RAM first; candidates: {nodes})")
+        report(f"node {nodes[0]} chosen ({placement.ORDER_RULE}; candidates: {nodes})")
     refused: list[ClaimRefusedError] = []
     for index, node in enumerate(nodes):
         obj = yield from _attempt(conn, request, node, deadline, timeout, report)
