@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client
 
 from headroom.client import (
+    ClaimLostError,
     ClaimRefusedError,
     Connection,
     InvalidClaimError,
@@ -272,3 +273,35 @@ def test_a_bad_value_is_refused_before_anything_is_sent(
     assert refused.value.field == field
     assert message in str(refused.value)
     assert phases(custom, namespace) == {}
+
+
+def test_a_claim_deleted_or_replaced_is_lost_and_a_namesake_is_never_touched(
+    claim_node: str, connection: Connection, custom: client.CustomObjectsApi, namespace: str
+) -> None:
+    told: list[ClaimLostError] = []
+    with claim(claim_node, ram_mb=1024, connection=connection, on_lost=told.append) as held:
+        rsv.delete(custom, namespace, held.name)
+
+        def noticed() -> None:
+            assert held.lost is not None
+
+        eventually(noticed)  # by the background heartbeats, a second later
+        assert told == [held.lost]
+        assert held.lost is not None
+        assert (held.lost.reason, held.lost.reference) == ("Deleted", held.reference)
+        with pytest.raises(ClaimLostError):
+            held.check()
+
+    # Replaced between two heartbeats (none due for a minute): the next one refuses.
+    with claim(
+        claim_node, ram_mb=1024, name="same", heartbeat_interval=60, connection=connection
+    ) as held:
+        rsv.delete(custom, namespace, "same")
+        namesake = rsv.create(custom, namespace, "same", claim_node, 512)
+        with pytest.raises(ClaimLostError) as lost:
+            held.heartbeat()
+        assert lost.value.reason == "Replaced"
+        assert held.lost is lost.value
+    obj = rsv.get(custom, namespace, "same")  # the release's uid precondition spared it
+    assert obj["metadata"]["uid"] == namesake["metadata"]["uid"]
+    assert "headroom.dev/heartbeat" not in (obj["metadata"].get("annotations") or {})

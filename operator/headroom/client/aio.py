@@ -52,13 +52,15 @@ class AsyncClaim(ClaimView):
         """
         if self._held.released:
             return True
-        self._held.released = True
+        self._held.stopping = True
         if self._beats is not None:
             self._beats.cancel()
             await asyncio.wait([self._beats], timeout=HEARTBEAT_JOIN_SECONDS)
-        return await asyncio.to_thread(
+        gone = await asyncio.to_thread(
             procedure.delete_quietly, self._held.conn, self._held.name, self._held.uid
         )
+        self._held.released = True
+        return gone
 
     def _start(self) -> None:
         self._beats = asyncio.create_task(

@@ -21,6 +21,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType, TracebackType
@@ -153,6 +154,8 @@ class Claim(ClaimView):
         super().__init__(held)
         self._beats = _Heartbeats(held, on_lost)
         self._lock = threading.Lock()
+        #: The block's SIGTERM handler, deferred while the claim is released.
+        self._sigterm: _Sigterm | None = None
 
     def heartbeat(self) -> None:
         """One heartbeat now (the background ones go on); ClaimLostError if it holds nothing."""
@@ -167,12 +170,14 @@ class Claim(ClaimView):
         Idempotent; True when it is gone. False when the API server could not be
         reached: the claim then ends with its stale window, as nobody heartbeats it.
         """
-        with self._lock:
+        with self._lock, self._sigterm.deferred() if self._sigterm else nullcontext():
             if self._held.released:
                 return True
+            self._held.stopping = True
+            self._beats.stop()
+            gone = procedure.delete_quietly(self._held.conn, self._held.name, self._held.uid)
             self._held.released = True
-        self._beats.stop()
-        return procedure.delete_quietly(self._held.conn, self._held.name, self._held.uid)
+            return gone
 
     def _start(self) -> None:
         self._beats.start()
@@ -246,6 +251,7 @@ class ClaimContext:
         try:
             plans.run(procedure.pace(held, opts.heartbeat_interval))
             claim = Claim(held, opts.on_lost)
+            claim._sigterm = self._sigterm
             claim._start()
         except BaseException:
             procedure.delete_quietly(conn, held.name, held.uid)
@@ -261,8 +267,7 @@ class ClaimContext:
         sigterm = self._sigterm
         try:
             if self._claim is not None:
-                with sigterm.deferred() if sigterm is not None else contextlib.nullcontext():
-                    self._claim.release()
+                self._claim.release()  # SIGTERM deferred meanwhile
         finally:
             if sigterm is not None:
                 sigterm.restore()

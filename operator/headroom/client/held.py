@@ -34,6 +34,9 @@ class Held:
     #: Reads of the node's stale window still to try (it was not readable yet).
     unread_window: int = UNREAD_WINDOW_TRIES
     lost: ClaimLostError | None = None
+    #: Set when the release begins: heartbeats stop, and a loss they find is not news.
+    stopping: bool = False
+    #: Set once the release's delete was attempted (not when it was interrupted).
     released: bool = False
 
     @property

@@ -303,7 +303,8 @@ def beat(held: Held) -> ClaimLostError | None:
     except ApiException as error:
         if error.status == 404:
             return ClaimLostError(held.reference, "Deleted", "the reservation was deleted")
-        if error.status == 422:  # metadata.uid differs: another object took the name
+        if error.status == 422 and "metadata.uid" in api_message(error):
+            # the uid differs: another object took the name
             return ClaimLostError(
                 held.reference, "Replaced", "another reservation of the same name replaced it"
             )
@@ -321,7 +322,7 @@ def beat(held: Held) -> ClaimLostError | None:
 def heartbeats(held: Held, on_lost: Callable[[ClaimLostError], None] | None) -> Plan[None]:
     """Heartbeat until stopped (the driver's sleep raises) or the claim is lost."""
     delay = 0.0  # at once: the stale clock started when it was admitted
-    while not held.released:
+    while not held.stopping:
         yield from pause(delay)
         try:
             lost = yield from call(beat, held)
@@ -331,6 +332,8 @@ def heartbeats(held: Held, on_lost: Callable[[ClaimLostError], None] | None) -> 
             delay = min(held.heartbeat_interval, HEARTBEAT_RETRY)
             continue
         if lost is not None:
+            if held.stopping:  # our own release deleted it
+                return
             held.lost = lost
             log.warning("%s", lost)
             if on_lost is not None:
