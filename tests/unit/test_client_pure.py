@@ -1,5 +1,6 @@
 """The claim library's pure parts: durations as ``spec.wait`` is written, the placement
-order, and the procedure drivers' handling of interruptions."""
+order, the procedure drivers' handling of interruptions, and the claim procedure's
+rarer turns against scripted answers (the real API is in tests/integration)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from headroom.api.constants import GO_DURATION
-from headroom.client import placement, plans
+from headroom.client import ClaimRefusedError, Connection, calls, placement, plans, procedure, spec
 from headroom.client.spec import WAIT, go_duration
 
 
@@ -146,3 +148,72 @@ async def test_a_cancellation_waits_for_the_call_in_flight_then_cleans_up() -> N
     with pytest.raises(asyncio.CancelledError):
         await task
     assert log == ["created", "deleted"]  # the clean-up saw the create land
+
+
+class FakeReservations:
+    """The API calls a claim makes, answered from a script of statuses."""
+
+    def __init__(self, statuses: list[dict[str, Any] | None]) -> None:
+        self.statuses, self.conflicts = statuses, 0
+        self.deleted: list[tuple[str, str]] = []
+        self.created: list[dict[str, Any]] = []
+
+    def obj(self, status: dict[str, Any] | None) -> dict[str, Any]:
+        body = self.created[-1]
+        meta = {"name": body["metadata"]["name"], "uid": "u-1", "resourceVersion": "7"}
+        return {"metadata": meta, "spec": body["spec"], **({"status": status} if status else {})}
+
+    def create(self, conn: Any, body: dict[str, Any]) -> dict[str, Any]:
+        self.created.append(body)
+        return self.obj(None)
+
+    def get(self, conn: Any, name: str) -> dict[str, Any]:
+        return self.obj(self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0])
+
+    def delete(self, conn: Any, name: str, uid: str, resource_version: str | None = None) -> None:
+        if resource_version is not None:  # a decision landed since it was last seen
+            self.conflicts += 1
+            raise ApiException(status=409, reason="Conflict")
+        self.deleted.append((name, uid))
+
+
+def fake_calls(
+    monkeypatch: pytest.MonkeyPatch, statuses: list[dict[str, Any] | None]
+) -> FakeReservations:
+    fake = FakeReservations(statuses)
+    for name in ("create", "get", "delete"):
+        monkeypatch.setattr(calls, name, getattr(fake, name))
+    return fake
+
+
+CONN = Connection(api=None, namespace="ml")  # type: ignore[arg-type]
+
+
+def test_reclaimed_before_it_was_seen_admitted_is_a_refusal_and_it_is_deleted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reclaimed = {"phase": "Reclaimed", "reason": "OwnerPodDeleted", "message": "pod p is gone"}
+    queued = {"phase": "Queued", "queuePosition": 1, "reason": "InsufficientRAM", "message": "m"}
+    fake = fake_calls(monkeypatch, [queued, reclaimed])
+    request = spec.request(node="n1", ram_mb=64, name="job")
+    lines: list[str] = []
+    with pytest.raises(ClaimRefusedError) as refused:
+        plans.run(
+            procedure.obtain(CONN, request, timeout=timedelta(seconds=30), report=lines.append),
+            sleep=lambda _: None,
+        )
+    assert (refused.value.phase, refused.value.reason) == ("Reclaimed", "OwnerPodDeleted")
+    assert "pod p is gone" in str(refused.value)
+    assert fake.deleted == [("job", "u-1")]
+    assert lines == ["reservation ml/job queued on node n1 at position 1 (InsufficientRAM: m)"]
+
+
+def test_a_decision_that_lands_while_giving_up_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    admitted = {"phase": "Admitted", "reason": "Fits", "message": "node n1: reserved 64 MiB"}
+    fake = fake_calls(monkeypatch, [admitted])  # the create answers Pending; then it is decided
+    request = spec.request(node="n1", ram_mb=64, name="job")
+    plan = procedure.obtain(CONN, request, timeout=timedelta(microseconds=1), report=print)
+    held = plans.run(plan, sleep=lambda _: pytest.fail("no pause: the timeout came first"))
+    assert fake.conflicts == 1  # the delete as last seen was refused: it had changed
+    assert (held.name, held.node, held.message) == ("job", "n1", "node n1: reserved 64 MiB")
+    assert fake.deleted == []
