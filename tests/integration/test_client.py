@@ -27,6 +27,7 @@ from headroom.client import (
     Connection,
     InvalidClaimError,
     claim,
+    connect,
 )
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
@@ -305,3 +306,28 @@ def test_a_claim_deleted_or_replaced_is_lost_and_a_namesake_is_never_touched(
     obj = rsv.get(custom, namespace, "same")  # the release's uid precondition spared it
     assert obj["metadata"]["uid"] == namesake["metadata"]["uid"]
     assert "headroom.dev/heartbeat" not in (obj["metadata"].get("annotations") or {})
+
+
+def test_connect_finds_the_cluster_as_kubectl_does(
+    control_plane: ControlPlane,
+    namespace: str,
+    crds: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``$KUBECONFIG`` read at each call (the official client reads it once, at import),
+    its current context, and that context's namespace."""
+    config = control_plane.write_kubeconfig(
+        tmp_path / "team.kubeconfig", "admin-too", ("system:masters",), namespace=namespace
+    )
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    found = connect()
+    assert found.namespace == namespace
+    assert found.api.configuration.host == control_plane.url
+    assert (
+        found.custom.list_namespaced_custom_object(
+            "headroom.dev", "v1alpha1", namespace, "reservations"
+        )["items"]
+        == []
+    )
+    assert connect(namespace="elsewhere").namespace == "elsewhere"
