@@ -30,11 +30,15 @@ from tests.integration.polling import eventually
 NODEHEADROOMS = ("headroom.dev", "v1alpha1", "nodeheadrooms")
 
 
-def publish(custom: client.CustomObjectsApi, node: str, limit_mb: int) -> None:
-    """A NodeHeadroom as the operator writes it for an empty node with ``limit_mb`` to give."""
+def publish(custom: client.CustomObjectsApi, node: Any, limit_mb: int) -> None:
+    """A NodeHeadroom as the operator writes it for an empty ``node`` with ``limit_mb`` to
+    give (owned by that Node, as the operator's are: it deletes those that are not)."""
+    name, uid = node.metadata.name, node.metadata.uid
+    owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}
+    metadata = {"name": name, "ownerReferences": [owner]}
     custom.create_cluster_custom_object(
         *NODEHEADROOMS,
-        {"apiVersion": "headroom.dev/v1alpha1", "kind": "NodeHeadroom", "metadata": {"name": node}},
+        {"apiVersion": "headroom.dev/v1alpha1", "kind": "NodeHeadroom", "metadata": metadata},
     )
     status = {
         "capacityKnown": True,
@@ -51,7 +55,7 @@ def publish(custom: client.CustomObjectsApi, node: str, limit_mb: int) -> None:
         "utilizationPercent": 0,
         "overCommitted": False,
     }
-    custom.patch_cluster_custom_object_status(*NODEHEADROOMS, node, {"status": status})
+    custom.patch_cluster_custom_object_status(*NODEHEADROOMS, name, {"status": status})
 
 
 def fill(custom: client.CustomObjectsApi, namespace: str, node: str, ram_mb: int) -> str:
@@ -75,11 +79,15 @@ def stale_figures(
     ``auto-test=<prefix>``, whose NodeHeadrooms say they are empty, whatever happens."""
     prefix = f"auto-{uuid.uuid4().hex[:5]}"
     sizes = {"a1": 32768, "a2": 24576, "a3": 20480, "b": 16384}
-    for short, limit in sizes.items():
-        make_node(f"{prefix}-{short}", memory=f"{limit + 1024}Mi", labels={"auto-test": prefix})
+    nodes = {
+        short: make_node(
+            f"{prefix}-{short}", memory=f"{limit + 1024}Mi", labels={"auto-test": prefix}
+        )
+        for short, limit in sizes.items()
+    }
     run_operator({"summaryInterval": "1h"})  # the operator writes no NodeHeadroom meanwhile
     for short, limit in sizes.items():
-        publish(custom, f"{prefix}-{short}", limit)
+        publish(custom, nodes[short], limit)
     yield prefix
     for short in sizes:
         custom.delete_cluster_custom_object(*NODEHEADROOMS, f"{prefix}-{short}")
