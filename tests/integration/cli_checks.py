@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +13,15 @@ import yaml
 from headroom_dev.controlplane import ControlPlane
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
+#: ``hold(*flags, command=[...], via="module"|"kubectl")``: the argv of ``hold``.
+Hold = Callable[..., list[str]]
+VENV_BIN = Path(sys.executable).parent
+
+
+def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run a command line with the virtualenv's scripts on the PATH (for kubectl's plugins)."""
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False, env=env)
 
 
 def kubeconfig_like_admin(control_plane: ControlPlane, path: Path, **change: str) -> Path:

@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from headroom.api.constants import GROUP, VERSION
+from headroom.client import Connection, from_kubeconfig
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane, binary
 from headroom_dev.operator import OperatorProcess
-from tests.integration.cli_checks import Cli
+from tests.integration.cli_checks import Cli, Hold
+from tests.integration.polling import eventually
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -50,6 +53,21 @@ def cli(control_plane: ControlPlane, namespace: str) -> Cli:
 
 
 @pytest.fixture
+def hold(control_plane: ControlPlane, namespace: str) -> Hold:
+    """The argv of ``hold`` as the admin in the test's namespace, the command after ``--``."""
+
+    def argv(*flags: str, command: list[str], via: str = "module") -> list[str]:
+        prefix = {
+            "module": [sys.executable, "-m", "headroom"],
+            "kubectl": [str(binary("kubectl")), "headroom"],
+        }[via]
+        common = ["--kubeconfig", str(control_plane.kubeconfig), "-n", namespace]
+        return [*prefix, "hold", *common, *flags, "--", *command]
+
+    return argv
+
+
+@pytest.fixture
 def scene(
     run_operator: Callable[..., OperatorProcess],
     make_node: Callable[..., Any],
@@ -62,4 +80,37 @@ def scene(
     run_operator()
     rsv.create(custom, namespace, "held", node, 6144, 1024)
     rsv.wait_for(custom, namespace, "held")
+    return node
+
+
+#: The operator's config for claim tests: a stale window short enough that a claim whose
+#: heartbeats stopped is reclaimed within the test.
+FAST_STALE = {"limits": {"heartbeatStaleWindow": "3s"}, "sweepPeriod": "200ms"}
+
+
+@pytest.fixture
+def connection(control_plane: ControlPlane, namespace: str) -> Connection:
+    """The claim library's connection: the admin, in the test's namespace."""
+    return from_kubeconfig(str(control_plane.kubeconfig), namespace=namespace)
+
+
+@pytest.fixture
+def claim_node(
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+) -> str:
+    """A node with 8192 MiB to give and 4096 MiB of VRAM; the operator runs with a 3 s
+    stale window."""
+    node = f"claim-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="9Gi", labels={"nvidia.com/gpu.memory": "4096"})  # limit 8192
+    run_operator(FAST_STALE)
+
+    def summarized() -> None:  # as for any node that has been there a while
+        listed = custom.list_cluster_custom_object(GROUP, VERSION, "nodeheadrooms")["items"]
+        assert [h["status"]["capacityKnown"] for h in listed if h["metadata"]["name"] == node] == [
+            True
+        ]
+
+    eventually(summarized)
     return node

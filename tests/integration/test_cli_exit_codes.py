@@ -66,6 +66,8 @@ def test_a_bad_argument_exits_2_and_sends_nothing(
         ["why", "some"],
         ["heartbeat", "some"],
         ["reserve", "--node", "n", "--ram", "1", "--wait"],
+        ["reserve", "--node", "auto", "--ram", "1"],
+        ["fit", "--ram", "1"],
     ],
 )
 def test_an_unreachable_api_server_exits_4_with_one_line(

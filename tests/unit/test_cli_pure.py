@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from headroom.api.constants import MAX_MB
-from headroom.cli import arguments
+from headroom.cli import _parser, _values_after_flags, arguments
 from headroom.cli.exits import UsageError
 from headroom.cli.summary import rows, summarize
 
@@ -140,3 +140,17 @@ def test_summary_uses_what_could_be_read() -> None:
     assert table["reservations read"] == "namespace ml"
     assert "nodes" not in table
     assert "admitted on nodes without a NodeHeadroom" not in table
+
+
+def test_a_flag_takes_the_next_word_as_its_value_only_where_it_takes_a_value() -> None:
+    """``hold --wait 5m`` takes a value, ``reserve --wait`` does not: each subcommand's own."""
+    parser = _parser("headroom", with_run=True)
+    assert _values_after_flags(parser, ["reserve", "--wait", "--ttl", "-1h", "--node", "n"]) == [
+        "reserve", "--wait", "--ttl=-1h", "--node=n",
+    ]  # fmt: skip
+    assert _values_after_flags(parser, ["hold", "--wait", "-5m", "--", "cmd", "--wait", "x"]) == [
+        "hold", "--wait=-5m", "--", "cmd", "--wait", "x",
+    ]  # fmt: skip
+    words = ["hold", "--node", "n", "--ram", "1", "--wait", "5m", "--", "sleep", "1"]
+    args = parser.parse_args(_values_after_flags(parser, words))
+    assert (args.wait_for, args.argv) == ("5m", ["--", "sleep", "1"])

@@ -1,8 +1,9 @@
 """Command line: ``headroom run`` starts the operator; the other subcommands, also
 installed as the kubectl plugin ``kubectl-headroom``, read and write headroom.
 
-Exit codes: 0 done; 1 refused (rejected or reclaimed); 2 bad argument, nothing
-sent; 3 no decision within --timeout; 4 the cluster unreachable or refusing."""
+Exit codes: 0 done; 1 refused (rejected or reclaimed; fit: no node fits); 2 bad
+argument, nothing sent; 3 no decision within --timeout; 4 the cluster unreachable or
+refusing. hold: these before the command starts, then the command's own code."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from headroom.api.constants import MAX_MB
-from headroom.cli import arguments, commands, reserve, run, summary
+from headroom.cli import arguments, commands, fit, hold, reserve, run, summary
 from headroom.cli.exits import (
     CommandError,
     Exit,
@@ -22,6 +23,12 @@ from headroom.cli.exits import (
     describe_connection_error,
     one_line,
 )
+
+NODE_HELP = (
+    "a Node name, or auto: the best node now (as `fit` orders them) and, when it "
+    "refuses for lack of room, the next (at most 3)"
+)
+SELECTOR_HELP = "with --node auto: only Nodes matching this label selector (needs list on nodes)"
 
 
 def _common() -> argparse.ArgumentParser:
@@ -57,13 +64,14 @@ def _add_commands(
     p.add_argument("reservation")
     p.set_defaults(handler=commands.why)
     p = parser("reserve", "create a reservation (and wait for its decision)")
-    p.add_argument("--node", required=True)
+    p.add_argument("--node", required=True, help=NODE_HELP)
     p.add_argument("--ram", required=True, help=f"MiB, 0 .. {MAX_MB}")
     p.add_argument("--vram", default="0", help=f"MiB, 0 .. {MAX_MB}")
     p.add_argument("--ttl", help="hard expiry from now, e.g. 1h")
     p.add_argument("--name", help="default: rsv-<random>")
     p.add_argument("--description")
     p.add_argument("--owner-pod")
+    p.add_argument("-l", "--selector", help=SELECTOR_HELP)
     p.add_argument(
         "--wait",
         action="store_true",
@@ -79,14 +87,41 @@ def _add_commands(
     p = parser("heartbeat", "refresh a reservation's heartbeat (exit 1 if it holds nothing)")
     p.add_argument("reservation")
     p.set_defaults(handler=commands.heartbeat)
+    fit.add(parser("fit", "the nodes where a claim of this size fits now, best first"))
+    p = parser("hold", "claim memory, run a command while holding it, release it when it ends")
+    p.description = hold.__doc__
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--node", required=True, help=NODE_HELP)
+    p.add_argument("--ram", required=True, help=f"MiB, 0 .. {MAX_MB}")
+    p.add_argument("--vram", default="0", help=f"MiB, 0 .. {MAX_MB}")
+    p.add_argument("--ttl", help="hard expiry from now, e.g. 8h")
+    p.add_argument(
+        "--wait",
+        dest="wait_for",
+        help="how long the claim may wait for room (spec.wait, e.g. 10m, at most 24h)",
+    )
+    p.add_argument(
+        "--timeout",
+        help=f"how long to wait for the decision (default {arguments.DEFAULT_TIMEOUT}, "
+        "plus --wait); then the claim is withdrawn and hold exits 3",
+    )
+    p.add_argument("--name", help="default: claim-<random>")
+    p.add_argument("--description")
+    p.add_argument("--owner-pod", help='e.g. "$POD_NAME"; the pod needs headroom.dev/owner=true')
+    p.add_argument("-l", "--selector", help=SELECTOR_HELP)
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    p.set_defaults(handler=hold.command)
 
 
-def _flags_with_a_value(parser: argparse.ArgumentParser) -> set[str]:
+def _flags_with_a_value(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The flags that take a value, of the parser and of the subcommand ``argv`` names
+    (one subcommand's flag may be another's switch: ``hold --wait 5m``, ``reserve --wait``)."""
     flags: set[str] = set()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                flags |= _flags_with_a_value(sub)
+            named = next((word for word in argv if word in action.choices), None)
+            if named is not None:
+                flags |= _flags_with_a_value(action.choices[named], [])
         elif action.option_strings and action.nargs is None:
             flags.update(action.option_strings)
     return flags
@@ -99,7 +134,7 @@ def _values_after_flags(parser: argparse.ArgumentParser, argv: list[str]) -> lis
     whatever it starts with; argparse reads ``-1h`` as an unknown flag and prints
     only its usage line. Joined, the value reaches our checks, which name it.
     """
-    flags, out, i = _flags_with_a_value(parser), [], 0
+    flags, out, i = _flags_with_a_value(parser, argv), [], 0
     while i < len(argv):
         word = argv[i]
         if word == "--":

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import UTC, datetime
 
 from kubernetes.client.exceptions import ApiException
 
-from headroom.cli import arguments, readers, summary
+from headroom.cli import arguments, readers
 from headroom.cli.exits import CommandError, Exit, describe_api_error, is_forbidden
 from headroom.cli.output import emit, table
+from headroom.client.placement import NODEHEADROOM_GRANT
 
 Args = argparse.Namespace
 #: Phases in which a reservation holds no capacity, and never will again.
@@ -47,7 +47,7 @@ def nodes(args: Args) -> int:
             raise
         raise CommandError(
             Exit.UNREACHABLE,
-            f"cannot list NodeHeadrooms: {describe_api_error(error)}. {summary.NODEHEADROOM_GRANT}",
+            f"cannot list NodeHeadrooms: {describe_api_error(error)}. {NODEHEADROOM_GRANT}",
         ) from None
     rows = []
     for item in items:
@@ -124,7 +124,7 @@ def heartbeat(args: Args) -> int:
     cluster = _cluster(args)
     # Read first: a heartbeat on a reservation that holds nothing keeps nothing alive.
     _refuse_if_holds_nothing(read_reservation(cluster, name), name)
-    obj = readers.heartbeat(cluster, name, datetime.now(UTC))
+    obj = readers.heartbeat(cluster, name)
     _refuse_if_holds_nothing(obj, name)  # decided between the read and the write
     phase = (obj.get("status") or {}).get("phase") or "Pending"
     note = "" if phase == "Admitted" else f" (not decided yet: {phase}; the heartbeat is recorded)"

@@ -8,11 +8,12 @@ refused the request. A failure is one line on stderr, never a traceback.
 
 from __future__ import annotations
 
-import json
 from enum import IntEnum
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
+
+from headroom.client.errors import api_message
 
 
 class Exit(IntEnum):
@@ -45,15 +46,6 @@ class UsageError(CommandError):
 
 def one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-def api_message(error: ApiException) -> str:
-    """The API server's own sentence (its Status ``message``), or the HTTP reason."""
-    try:
-        message = json.loads(error.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return one_line(str(message or error.reason or ""))
 
 
 def is_forbidden(error: BaseException) -> bool:

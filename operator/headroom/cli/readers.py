@@ -9,51 +9,27 @@ instead of hanging it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, cast
 
-from kubernetes import client, config
-
-from headroom.api.constants import GROUP, HEARTBEAT_ANNOTATION, VERSION
+from headroom.api.constants import GROUP, VERSION
+from headroom.client import calls
+from headroom.client.calls import REQUEST_TIMEOUT
+from headroom.client.connection import Connection
+from headroom.client.connection import connect as client_connect
 
 JSON = dict[str, Any]
-#: Seconds to connect, and to wait for an answer, per request.
-REQUEST_TIMEOUT = (5.0, 30.0)
-
-
-@dataclass
-class Cluster:
-    """A connection plus the namespace kubectl would use."""
-
-    api: client.ApiClient
-    namespace: str
-
-    @property
-    def custom(self) -> client.CustomObjectsApi:
-        return client.CustomObjectsApi(self.api)
-
-    @property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
+#: A connection plus the namespace kubectl would use (the claim library's).
+Cluster = Connection
 
 
 def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Cluster:
-    """Load the kubeconfig (current context unless named), as kubectl does."""
-    contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    chosen = next((c for c in contexts if c["name"] == context), current) if context else current
-    api = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig, context=context
-    )
-    default = (chosen or {}).get("context", {}).get("namespace") or "default"
-    return Cluster(cast(client.ApiClient, api), namespace or default)
+    """As kubectl: the kubeconfig (current context unless named), else in a pod its
+    service account (the claim library's rule, so that ``hold`` and the rest agree)."""
+    return client_connect(kubeconfig, context, namespace)
 
 
 def node_headrooms(cluster: Cluster) -> list[JSON]:
-    listed = cluster.custom.list_cluster_custom_object(
-        GROUP, VERSION, "nodeheadrooms", _request_timeout=REQUEST_TIMEOUT
-    )
-    return sorted(cast(JSON, listed)["items"], key=lambda o: o["metadata"]["name"])
+    return calls.node_headrooms(cluster)
 
 
 def reservations(cluster: Cluster, namespace: str | None) -> list[JSON]:
@@ -70,50 +46,22 @@ def reservations(cluster: Cluster, namespace: str | None) -> list[JSON]:
 
 
 def reservation(cluster: Cluster, name: str) -> JSON:
-    obj = cluster.custom.get_namespaced_custom_object(
-        GROUP, VERSION, cluster.namespace, "reservations", name, _request_timeout=REQUEST_TIMEOUT
-    )
-    return cast(JSON, obj)
+    return calls.get(cluster, name)
 
 
 def create_reservation(cluster: Cluster, body: JSON) -> JSON:
-    obj = cluster.custom.create_namespaced_custom_object(
-        GROUP, VERSION, cluster.namespace, "reservations", body, _request_timeout=REQUEST_TIMEOUT
-    )
-    return cast(JSON, obj)
+    return calls.create(cluster, body)
 
 
 def delete_reservation(cluster: Cluster, name: str, uid: str, resource_version: str) -> None:
     """Delete this very object as last seen: 409 Conflict if it changed since (a decision
     was written) or was replaced by another of the same name, 404 if it is gone."""
-    options = client.V1DeleteOptions(
-        preconditions=client.V1Preconditions(uid=uid, resource_version=resource_version)
-    )
-    cluster.custom.delete_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        cluster.namespace,
-        "reservations",
-        name,
-        body=options,
-        _request_timeout=REQUEST_TIMEOUT,
-    )
+    calls.delete(cluster, name, uid, resource_version)
 
 
-def heartbeat(cluster: Cluster, name: str, at: datetime) -> JSON:
-    patch = {
-        "metadata": {"annotations": {HEARTBEAT_ANNOTATION: at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
-    }
-    obj = cluster.custom.patch_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        cluster.namespace,
-        "reservations",
-        name,
-        patch,
-        _request_timeout=REQUEST_TIMEOUT,
-    )
-    return cast(JSON, obj)
+def heartbeat(cluster: Cluster, name: str) -> JSON:
+    """A new heartbeat value on the named reservation: now, to the microsecond."""
+    return calls.heartbeat(cluster, name)
 
 
 def events_about(cluster: Cluster, uid: str) -> list[JSON]:

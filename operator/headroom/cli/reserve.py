@@ -6,6 +6,11 @@ gets to it, and hold memory nobody uses; the same command run again would get 40
 The delete is conditional on the object's uid and resourceVersion as last seen, so
 it never deletes another object of the same name, nor one whose decision arrived
 in the meantime: that decision is reported instead.
+
+``--node auto`` picks the best node now (``kubectl headroom fit``'s order) and, with
+``--wait``, when that node refuses it for lack of room (it filled up since the
+NodeHeadrooms were written), deletes it and tries the next, at most three nodes;
+each attempt is a new reservation.
 """
 
 from __future__ import annotations
@@ -13,15 +18,24 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import timedelta
 from typing import Any
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from headroom.cli import arguments, readers
-from headroom.cli.exits import CommandError, Exit, describe_api_error, describe_connection_error
+from headroom.cli.exits import (
+    CommandError,
+    Exit,
+    UsageError,
+    describe_api_error,
+    describe_connection_error,
+)
 from headroom.cli.output import emit
+from headroom.client import placement, procedure
+from headroom.client.errors import PlacementError
+from headroom.client.procedure import NODE_FULL
+from headroom.client.spec import ClaimRequest
 
 JSON = dict[str, Any]
 DECIDED = ("Admitted", "Rejected", "Reclaimed")
@@ -31,29 +45,60 @@ DELETE_ATTEMPTS = 5
 
 
 def command(args: argparse.Namespace) -> int:
-    body = arguments.reservation(args)
+    request = arguments.claim_request(args)
     timeout = arguments.duration(args.timeout or arguments.DEFAULT_TIMEOUT, "--timeout")
+    if args.selector is not None and request.node is not None:
+        raise UsageError("-l/--selector: only with --node auto")
     cluster = readers.connect(args.kubeconfig, args.context, args.namespace)
-    if "name" not in body["metadata"]:
-        body["metadata"]["generateName"] = "rsv-"
-    created = readers.create_reservation(cluster, body)
-    name = created["metadata"]["name"]
-    if not args.wait:
-        emit(_data(cluster, created), f"reservation.headroom.dev/{name} created", args.output)
-        return Exit.DONE
+    nodes = [request.node] if request.node is not None else _best_nodes(cluster, request, args)
+    deadline = time.monotonic() + timeout.total_seconds()
+    for index, node in enumerate(nodes):
+        body = request.body(node)
+        if "name" not in body["metadata"]:
+            body["metadata"]["generateName"] = "rsv-"
+        created = readers.create_reservation(cluster, body)
+        name = created["metadata"]["name"]
+        chosen = "" if request.node is not None else f" on node {node} ({placement.ORDER_RULE})"
+        if not args.wait:
+            emit(
+                _data(cluster, created),
+                f"reservation.headroom.dev/{name} created{chosen}",
+                args.output,
+            )
+            return Exit.DONE
+        obj = _waited(cluster, created, deadline)
+        if _phase(obj) not in DECIDED:
+            return _timed_out(cluster, obj, args)
+        status = obj.get("status") or {}
+        refused = status.get("phase") == "Rejected" and status.get("reason") in NODE_FULL
+        if request.node is None and refused and index + 1 < len(nodes):
+            procedure.delete_quietly(cluster, name, obj["metadata"]["uid"])
+            print(
+                f"node {node} refused reservation {cluster.namespace}/{name} "
+                f"({status.get('reason')}: {status.get('message')}); deleted it, "
+                f"trying node {nodes[index + 1]}",
+                file=sys.stderr,
+            )
+            continue
+        return _decided(cluster, obj, args)
+    raise AssertionError("unreachable: the last attempt returns")
+
+
+def _best_nodes(
+    cluster: readers.Cluster, request: ClaimRequest, args: argparse.Namespace
+) -> list[str]:
+    """``--node auto``: the nodes to try, best first, at most MOST_NODES."""
     try:
-        return _wait(cluster, created, timeout, args)
-    except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
-        problem = (
-            describe_api_error(error)
-            if isinstance(error, ApiException)
-            else describe_connection_error(error)
-        )
+        rooms = placement.read(cluster, request.ram_mb, request.vram_mb, args.selector)
+    except PlacementError as error:
+        raise CommandError(Exit.UNREACHABLE, str(error)) from None
+    best = placement.candidates(rooms, may_wait=False, most=procedure.MOST_NODES)
+    if not best:
         raise CommandError(
-            Exit.UNREACHABLE,
-            f"{problem} (while waiting for reservation {cluster.namespace}/{name}, "
-            "which was created and may still exist)",
-        ) from None
+            Exit.REFUSED,
+            placement.no_room(rooms, request.ram_mb, request.vram_mb, args.selector),
+        )
+    return [room.node for room in best]
 
 
 def _data(cluster: readers.Cluster, obj: JSON) -> JSON:
@@ -61,6 +106,7 @@ def _data(cluster: readers.Cluster, obj: JSON) -> JSON:
         "name": obj["metadata"]["name"],
         "namespace": cluster.namespace,
         "uid": obj["metadata"]["uid"],
+        "node": obj["spec"]["node"],
         **(obj.get("status") or {}),
     }
 
@@ -70,24 +116,36 @@ def _phase(obj: JSON) -> str | None:
     return str(phase) if phase else None
 
 
-def _wait(cluster: readers.Cluster, obj: JSON, timeout: timedelta, args: argparse.Namespace) -> int:
-    deadline = time.monotonic() + timeout.total_seconds()
-    while _phase(obj) not in DECIDED:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return _timed_out(cluster, obj, args)
-        time.sleep(min(POLL_SECONDS, left))
-        try:
-            obj = readers.reservation(cluster, obj["metadata"]["name"])
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            raise CommandError(
-                Exit.UNREACHABLE,
-                f"reservation {cluster.namespace}/{obj['metadata']['name']} was deleted "
-                "while waiting for its decision",
-            ) from None
-    return _decided(cluster, obj, args)
+def _waited(cluster: readers.Cluster, obj: JSON, deadline: float) -> JSON:
+    """The reservation once decided, or as last seen when the deadline came first."""
+    try:
+        while _phase(obj) not in DECIDED:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return obj
+            time.sleep(min(POLL_SECONDS, left))
+            try:
+                obj = readers.reservation(cluster, obj["metadata"]["name"])
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                raise CommandError(
+                    Exit.UNREACHABLE,
+                    f"reservation {cluster.namespace}/{obj['metadata']['name']} was deleted "
+                    "while waiting for its decision",
+                ) from None
+    except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+        problem = (
+            describe_api_error(error)
+            if isinstance(error, ApiException)
+            else describe_connection_error(error)
+        )
+        raise CommandError(
+            Exit.UNREACHABLE,
+            f"{problem} (while waiting for reservation {cluster.namespace}/"
+            f"{obj['metadata']['name']}, which was created and may still exist)",
+        ) from None
+    return obj
 
 
 def _decided(cluster: readers.Cluster, obj: JSON, args: argparse.Namespace) -> int:

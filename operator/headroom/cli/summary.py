@@ -21,14 +21,10 @@ from kubernetes.client.exceptions import ApiException
 from headroom.cli import readers
 from headroom.cli.exits import CommandError, Exit, describe_api_error, is_forbidden
 from headroom.cli.output import emit, table
+from headroom.client.placement import NODEHEADROOM_GRANT
 
 JSON = dict[str, Any]
 PHASES = ("Pending", "Admitted", "Rejected", "Reclaimed")
-#: What grants reading NodeHeadrooms; quoted wherever they are forbidden.
-NODEHEADROOM_GRANT = (
-    "NodeHeadrooms are cluster-scoped: the ClusterRole headroom-nodeheadroom-reader "
-    "grants reading them (chart value nodeHeadroomReaders)"
-)
 
 
 def _phase(obj: JSON) -> str:

@@ -1,0 +1,103 @@
+"""The API calls a claim makes, each one synchronous and bounded by a timeout.
+
+One place for them, used by the library (directly, or from asyncio through a
+worker thread) and by the command line, so that a claim's create, heartbeat and
+release are the same requests whoever makes them. Every call has a timeout: an
+unreachable or silent API server ends a call instead of hanging a program.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client
+
+from headroom.api.constants import GROUP, HEARTBEAT_ANNOTATION, VERSION
+from headroom.client.connection import Connection
+
+JSON = dict[str, Any]
+#: Seconds to connect, and to wait for an answer, per request.
+REQUEST_TIMEOUT = (5.0, 30.0)
+RESERVATIONS = "reservations"
+NODEHEADROOMS = "nodeheadrooms"
+
+
+def phase(obj: JSON) -> str | None:
+    """The reservation's ``status.phase``, or None before the operator wrote one."""
+    value = (obj.get("status") or {}).get("phase")
+    return str(value) if value else None
+
+
+def create(conn: Connection, body: JSON) -> JSON:
+    obj = conn.custom.create_namespaced_custom_object(
+        GROUP, VERSION, conn.namespace, RESERVATIONS, body, _request_timeout=REQUEST_TIMEOUT
+    )
+    return cast(JSON, obj)
+
+
+def get(conn: Connection, name: str) -> JSON:
+    obj = conn.custom.get_namespaced_custom_object(
+        GROUP, VERSION, conn.namespace, RESERVATIONS, name, _request_timeout=REQUEST_TIMEOUT
+    )
+    return cast(JSON, obj)
+
+
+def heartbeat(conn: Connection, name: str, uid: str | None = None) -> JSON:
+    """Write a new heartbeat value (now, to the microsecond, so each one is new).
+
+    With ``uid``, only on that very object: a merge patch that names another uid
+    than the stored one is refused (422, ``metadata.uid`` is immutable), so a
+    heartbeat never keeps alive another reservation that took the same name.
+    """
+    beat = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    metadata: JSON = {"annotations": {HEARTBEAT_ANNOTATION: beat}}
+    if uid is not None:
+        metadata["uid"] = uid
+    obj = conn.custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        conn.namespace,
+        RESERVATIONS,
+        name,
+        {"metadata": metadata},
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+    return cast(JSON, obj)
+
+
+def delete(conn: Connection, name: str, uid: str, resource_version: str | None = None) -> None:
+    """Delete this very object: 409 Conflict if it was replaced by another of the same
+    name (or, with ``resource_version``, changed since last seen), 404 if it is gone."""
+    options = client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(uid=uid, resource_version=resource_version)
+    )
+    conn.custom.delete_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        conn.namespace,
+        RESERVATIONS,
+        name,
+        body=options,
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+
+
+def node_headrooms(conn: Connection) -> list[JSON]:
+    listed = conn.custom.list_cluster_custom_object(
+        GROUP, VERSION, NODEHEADROOMS, _request_timeout=REQUEST_TIMEOUT
+    )
+    return sorted(cast(JSON, listed)["items"], key=lambda o: o["metadata"]["name"])
+
+
+def node_headroom(conn: Connection, node: str) -> JSON:
+    obj = conn.custom.get_cluster_custom_object(
+        GROUP, VERSION, NODEHEADROOMS, node, _request_timeout=REQUEST_TIMEOUT
+    )
+    return cast(JSON, obj)
+
+
+def node_names(conn: Connection, selector: str) -> set[str]:
+    """Names of the Nodes matching a label selector (needs the right to list Nodes)."""
+    listed = conn.core.list_node(label_selector=selector, _request_timeout=REQUEST_TIMEOUT)
+    return {str(node.metadata.name) for node in listed.items if node.metadata is not None}

@@ -1,0 +1,209 @@
+"""Which nodes a claim fits on now, best first, read from the NodeHeadrooms.
+
+**The order**: most allocatable RAM first, then most free VRAM (VRAM capacity minus
+reserved VRAM; a node whose VRAM capacity is unknown comes after every node whose
+capacity is known), then the node's name. The node with the most room keeps the
+most after this claim, so the next claim (or a retry of this one, when the figures
+were stale) is the likeliest to fit too, and claims spread over the nodes instead
+of filling one to the brim, which tight best-fit packing would do. A reservation
+is not a pod: nothing moves it later to defragment.
+
+**A node fits** when its capacity is known, it is under its entry cap, its
+allocatable RAM is at least the RAM asked and, where its VRAM capacity is known,
+its free VRAM is at least the VRAM asked: the operator's admission test, applied to
+the figures it last published (at most ``summaryInterval`` old). A node can fill up
+between this reading and the claim; ``--node auto`` then tries the next one.
+
+Node labels are not copied onto NodeHeadrooms (yet), so a label selector is applied
+by listing the Nodes, which only a caller allowed to list Nodes can do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from headroom.api.models import NodeHeadroomStatus
+from headroom.client import calls
+from headroom.client.connection import Connection, connect
+from headroom.client.errors import PlacementError, api_message
+from headroom.client.spec import MIB, SCHEMA_NAMES, check
+
+JSON = dict[str, Any]
+#: What grants reading NodeHeadrooms; quoted wherever they are forbidden.
+NODEHEADROOM_GRANT = (
+    "NodeHeadrooms are cluster-scoped: the ClusterRole headroom-nodeheadroom-reader "
+    "grants reading them (chart value nodeHeadroomReaders)"
+)
+_STATUS_FIELDS = {field.alias or name for name, field in NodeHeadroomStatus.model_fields.items()}
+
+
+#: The rule, in a few words, for messages.
+ORDER_RULE = "most allocatable RAM first, then most free VRAM, then name"
+
+
+class AutoNode:
+    """Stands for "the best node now" where a node name is expected (``AUTO``)."""
+
+    def __repr__(self) -> str:
+        return "AUTO"
+
+
+#: ``claim(AUTO, ...)``: place the claim on the best node by the rule above.
+AUTO = AutoNode()
+
+
+@dataclass(frozen=True)
+class NodeRoom:
+    """One node's room for a claim of a given size."""
+
+    node: str
+    fits: bool
+    #: Why it does not fit now, in a few words with the numbers; None when it fits.
+    why_not: str | None
+    allocatable_ram_mb: int = 0
+    #: VRAM capacity minus reserved VRAM; None where the capacity is unknown.
+    free_vram_mb: int | None = None
+    active_entries: int = 0
+    max_entries: int = 0
+    queued_entries: int = 0
+    #: Within the node's limits once others leave: a claim that may wait can queue here.
+    could_fit_later: bool = False
+
+    def as_json(self) -> JSON:
+        return {
+            "node": self.node,
+            "fits": self.fits,
+            "whyNot": self.why_not,
+            "allocatableRAMMB": self.allocatable_ram_mb,
+            "freeVRAMMB": self.free_vram_mb,
+            "activeEntries": self.active_entries,
+            "maxEntries": self.max_entries,
+            "queuedEntries": self.queued_entries,
+        }
+
+
+def assess(headroom: JSON, ram_mb: int, vram_mb: int) -> NodeRoom:
+    """How a claim of this size stands on the node this NodeHeadroom describes."""
+    name = str(headroom["metadata"]["name"])
+    raw = headroom.get("status") or {}
+    try:
+        status = NodeHeadroomStatus.model_validate(
+            {key: value for key, value in raw.items() if key in _STATUS_FIELDS}
+        )
+    except ValidationError:
+        return NodeRoom(name, False, "no figures published yet")
+    free_vram = (
+        None
+        if status.vram_capacity_mb is None
+        else max(0, status.vram_capacity_mb - status.reserved_vram_mb)
+    )
+    could_fit_later = (
+        status.capacity_known
+        and status.max_entries > 0
+        and (status.limit_ram_mb is None or status.limit_ram_mb >= ram_mb)
+        and (status.vram_capacity_mb is None or status.vram_capacity_mb >= vram_mb)
+    )
+    if not status.capacity_known:
+        why_not: str | None = "capacity unknown"
+    elif status.active_entries >= status.max_entries:
+        why_not = f"entry cap reached ({status.active_entries}/{status.max_entries})"
+    elif status.allocatable_ram_mb < ram_mb:
+        why_not = f"allocatable {status.allocatable_ram_mb} MiB < {ram_mb} MiB"
+    elif free_vram is not None and free_vram < vram_mb:
+        why_not = f"free VRAM {free_vram} MiB < {vram_mb} MiB"
+    else:
+        why_not = None
+    return NodeRoom(
+        name,
+        why_not is None,
+        why_not,
+        allocatable_ram_mb=status.allocatable_ram_mb,
+        free_vram_mb=free_vram,
+        active_entries=status.active_entries,
+        max_entries=status.max_entries,
+        queued_entries=status.queued_entries,
+        could_fit_later=could_fit_later,
+    )
+
+
+def order(room: NodeRoom) -> tuple[int, int, int, str]:
+    """The sort key of the rule above: more RAM, then known and more free VRAM, then name."""
+    vram_known = 0 if room.free_vram_mb is not None else 1
+    return (-room.allocatable_ram_mb, vram_known, -(room.free_vram_mb or 0), room.node)
+
+
+def rank(headrooms: Iterable[JSON], ram_mb: int, vram_mb: int) -> list[NodeRoom]:
+    """Every node: those that fit now first, best first; then the others, by name."""
+    rooms = [assess(h, ram_mb, vram_mb) for h in headrooms]
+    fitting = sorted((r for r in rooms if r.fits), key=order)
+    return fitting + sorted((r for r in rooms if not r.fits), key=lambda r: r.node)
+
+
+def read(
+    conn: Connection, ram_mb: int, vram_mb: int, selector: str | None = None
+) -> list[NodeRoom]:
+    """:func:`rank` over the NodeHeadrooms of the nodes matching ``selector`` (all without).
+
+    Raises :class:`PlacementError` when the caller may not list NodeHeadrooms,
+    or, with a selector, Nodes.
+    """
+    try:
+        headrooms = calls.node_headrooms(conn)
+    except ApiException as error:
+        if error.status != 403:
+            raise
+        raise PlacementError(
+            f"cannot list NodeHeadrooms: {api_message(error)}. {NODEHEADROOM_GRANT}"
+        ) from None
+    if selector:
+        try:
+            matching = calls.node_names(conn, selector)
+        except ApiException as error:
+            if error.status != 403:
+                raise
+            raise PlacementError(
+                f"cannot list Nodes to match the label selector {selector!r}: "
+                f"{api_message(error)}. Node labels are not on NodeHeadrooms yet, so a "
+                "selector needs the right to list Nodes (get, list on nodes)"
+            ) from None
+        headrooms = [h for h in headrooms if h["metadata"]["name"] in matching]
+    return rank(headrooms, ram_mb, vram_mb)
+
+
+def candidates(rooms: list[NodeRoom], *, may_wait: bool, most: int) -> list[NodeRoom]:
+    """The nodes to try, best first: those that fit now; when none does and the claim
+    may wait, those where it could fit once others leave (ranked by the same rule)."""
+    fitting = [r for r in rooms if r.fits]
+    if not fitting and may_wait:
+        fitting = sorted((r for r in rooms if r.could_fit_later), key=order)
+    return fitting[:most]
+
+
+def no_room(rooms: list[NodeRoom], ram_mb: int, vram_mb: int, selector: str | None) -> str:
+    """One sentence: no node fits, and why not, node by node (the first few)."""
+    size = f"{ram_mb} MiB RAM" + (f" and {vram_mb} MiB VRAM" if vram_mb else "")
+    where = f" matching {selector!r}" if selector else ""
+    if not rooms:
+        return f"no node{where} has a NodeHeadroom: nowhere to claim {size}"
+    shown = "; ".join(f"{r.node}: {r.why_not}" for r in rooms[:8])
+    more = f"; and {len(rooms) - 8} more" if len(rooms) > 8 else ""
+    return f"no node{where} has room for {size} now ({shown}{more})"
+
+
+def nodes_with_room(
+    ram_mb: int,
+    vram_mb: int = 0,
+    *,
+    selector: str | None = None,
+    connection: Connection | None = None,
+) -> list[NodeRoom]:
+    """The nodes where a claim of this size fits now, best first (the rule above)."""
+    ram: int = check(MIB, SCHEMA_NAMES["ramMB"], ram_mb)
+    vram: int = check(MIB, SCHEMA_NAMES["vramMB"], vram_mb)
+    rooms = read(connection or connect(), ram, vram, selector)
+    return [room for room in rooms if room.fits]

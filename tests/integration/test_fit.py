@@ -1,0 +1,188 @@
+"""``kubectl headroom fit``: the nodes where a claim fits now, best first, from the
+NodeHeadrooms the operator writes; ``-l`` through the Nodes, and what a caller who
+may not list Nodes (or read NodeHeadrooms) is told.
+
+Nodes are cluster-scoped and NodeHeadrooms of earlier tests' nodes may remain (this
+control plane has no garbage collector), so each test labels its nodes and selects
+them, or looks only at its own rows.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from headroom_dev import reservations as rsv
+from headroom_dev.controlplane import ControlPlane
+from headroom_dev.nodes import node_body
+from headroom_dev.operator import OperatorProcess
+from tests.integration.cli_checks import Cli, assert_one_line_error
+from tests.integration.polling import eventually
+
+GPU = {"nvidia.com/gpu.memory": "8192", "tier": "gpu"}
+
+
+def headroom_status(custom: client.CustomObjectsApi, node: str) -> dict[str, Any]:
+    listed = custom.list_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms")
+    found = [h.get("status") or {} for h in listed["items"] if h["metadata"]["name"] == node]
+    assert found, f"no NodeHeadroom for {node} yet"
+    return found[0]
+
+
+@pytest.fixture
+def cluster_of_nodes(
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> Iterator[str]:
+    """Seven nodes labelled ``fit-test=<prefix>``; returns the prefix.
+
+    big 32768 MiB to give; gpu-a and gpu-b 16384 with 8192 of VRAM, 7168 and 2048 of
+    it free; plain 16384, VRAM unknown; full (nothing left); capped (its one entry
+    taken); unknown (no capacity reported).
+    """
+    prefix = f"fit-{uuid.uuid4().hex[:5]}"
+    mine = {"fit-test": prefix}
+    make_node(f"{prefix}-big", memory="33Gi", labels=mine)
+    make_node(f"{prefix}-gpu-a", memory="17Gi", labels={**mine, **GPU})
+    make_node(f"{prefix}-gpu-b", memory="17Gi", labels={**mine, **GPU})
+    make_node(f"{prefix}-plain", memory="17Gi", labels=mine)
+    make_node(f"{prefix}-full", memory="9Gi", labels=mine)
+    make_node(
+        f"{prefix}-capped",
+        memory="17Gi",
+        labels=mine,
+        annotations={"headroom.dev/max-entries": "1"},
+    )
+    core.create_node(node_body(f"{prefix}-unknown", labels=mine))  # no status: no capacity
+    try:
+        run_operator()
+        for name, node, ram, vram in [
+            ("a", "gpu-a", 0, 1024),
+            ("b", "gpu-b", 0, 6144),
+            ("full", "full", 8192, 0),
+            ("capped", "capped", 1024, 0),
+        ]:
+            rsv.create(custom, namespace, name, f"{prefix}-{node}", ram, vram)
+            assert rsv.wait_for(custom, namespace, name)["status"]["phase"] == "Admitted"
+
+        def published() -> None:
+            assert headroom_status(custom, f"{prefix}-gpu-b").get("reservedVRAMMB") == 6144
+            assert headroom_status(custom, f"{prefix}-full").get("allocatableRAMMB") == 0
+            assert headroom_status(custom, f"{prefix}-capped").get("activeEntries") == 1
+            assert headroom_status(custom, f"{prefix}-unknown").get("capacityKnown") is False
+
+        eventually(published)
+        yield prefix
+    finally:
+        core.delete_node(f"{prefix}-unknown")
+
+
+def test_fit_lists_the_nodes_that_fit_now_best_first(cli: Cli, cluster_of_nodes: str) -> None:
+    p = cluster_of_nodes
+    result = cli("fit", "--ram", "4096", "--vram", "2048", "-l", f"fit-test={p}")
+    assert result.returncode == 0, result.stderr
+    assert [line.split() for line in result.stdout.splitlines()] == [
+        ["NODE", "ALLOCATABLE", "FREE-VRAM", "ENTRIES", "QUEUED"],
+        [f"{p}-big", "32768", "-", "0/110", "0"],  # the most RAM first
+        [f"{p}-gpu-a", "16384", "7168", "1/110", "0"],  # then the most free VRAM
+        [f"{p}-gpu-b", "16384", "2048", "1/110", "0"],
+        [f"{p}-plain", "16384", "-", "0/110", "0"],  # VRAM unknown: after the known
+    ]
+    data = json.loads(
+        cli("fit", "--ram", "4096", "--vram", "4096", "-l", f"fit-test={p}", "-o", "json").stdout
+    )
+    assert [d["node"] for d in data] == [f"{p}-big", f"{p}-gpu-a", f"{p}-plain"]
+    assert data[1] == {
+        "node": f"{p}-gpu-a",
+        "fits": True,
+        "whyNot": None,
+        "allocatableRAMMB": 16384,
+        "freeVRAMMB": 7168,
+        "activeEntries": 1,
+        "maxEntries": 110,
+        "queuedEntries": 0,
+    }
+    gpus = cli("fit", "--ram", "1024", "-l", f"fit-test={p},tier=gpu")
+    assert [line.split()[0] for line in gpus.stdout.splitlines()[1:]] == [
+        f"{p}-gpu-a",
+        f"{p}-gpu-b",
+    ]
+    everywhere = cli("fit", "--ram", "20000")  # no selector: every node, ours among them
+    assert everywhere.returncode == 0, everywhere.stderr
+    ours = [line.split()[0] for line in everywhere.stdout.splitlines() if line.startswith(p)]
+    assert ours == [f"{p}-big"]
+
+
+def test_when_no_node_fits_fit_says_why_node_by_node_and_exits_1(
+    cli: Cli, cluster_of_nodes: str
+) -> None:
+    p = cluster_of_nodes
+    result = cli("fit", "--ram", "40000", "-l", f"fit-test={p}")
+    assert result.returncode == 1, result.stdout
+    assert_one_line_error(
+        result,
+        f"no node matching 'fit-test={p}' has room for 40000 MiB RAM now (",
+        f"{p}-big: allocatable 32768 MiB < 40000 MiB",
+        f"{p}-capped: entry cap reached (1/1)",
+        f"{p}-full: allocatable 0 MiB < 40000 MiB",
+        f"{p}-unknown: capacity unknown",
+    )
+    vram = cli("fit", "--ram", "1024", "--vram", "8000", "-l", f"fit-test={p},tier=gpu")
+    assert vram.returncode == 1
+    assert_one_line_error(vram, f"{p}-gpu-a: free VRAM 7168 MiB < 8000 MiB")
+    bad = cli("fit", "--ram", "0")
+    assert bad.returncode == 2
+    assert_one_line_error(bad, "at least one of --ram and --vram must be above 0")
+
+
+@pytest.fixture
+def reader_without_nodes(
+    kubectl: Callable[..., Any], control_plane: ControlPlane, tmp_path: Path
+) -> Iterator[tuple[Path, Path]]:
+    """Two identities: one may read NodeHeadrooms but not Nodes, one may read neither."""
+    name = f"fit-reader-{uuid.uuid4().hex[:5]}"
+    created = [
+        kubectl(
+            "create",
+            "clusterrole",
+            name,
+            "--verb=get,list,watch",
+            "--resource=nodeheadrooms.headroom.dev",
+        ),
+        kubectl("create", "clusterrolebinding", name, f"--clusterrole={name}", f"--user={name}"),
+    ]
+    assert all(c.returncode == 0 for c in created), [c.stderr for c in created]
+    reader = control_plane.write_kubeconfig(tmp_path / "reader.kubeconfig", name)
+    nobody = control_plane.write_kubeconfig(tmp_path / "nobody.kubeconfig", f"{name}-nobody")
+    yield reader, nobody
+    kubectl("delete", "clusterrolebinding", name)
+    kubectl("delete", "clusterrole", name)
+
+
+def test_a_selector_needs_the_right_to_list_nodes(
+    cli: Cli, cluster_of_nodes: str, reader_without_nodes: tuple[Path, Path]
+) -> None:
+    reader, nobody = reader_without_nodes
+    everywhere = cli("fit", "--ram", "1024", kubeconfig=reader)
+    assert everywhere.returncode == 0, everywhere.stderr
+    assert f"{cluster_of_nodes}-big" in everywhere.stdout
+    selected = cli("fit", "--ram", "1024", "-l", f"fit-test={cluster_of_nodes}", kubeconfig=reader)
+    assert selected.returncode == 4, selected.stdout
+    assert_one_line_error(
+        selected,
+        f"cannot list Nodes to match the label selector 'fit-test={cluster_of_nodes}'",
+        'cannot list resource "nodes"',
+        "Node labels are not on NodeHeadrooms yet",
+    )
+    blind = cli("fit", "--ram", "1024", kubeconfig=nobody)
+    assert blind.returncode == 4
+    assert_one_line_error(blind, "cannot list NodeHeadrooms", "headroom-nodeheadroom-reader")
