@@ -10,8 +10,8 @@ person reading it. Constraints here are the ones the API server enforces at
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
-from functools import partial
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
@@ -60,11 +60,19 @@ TenantTime = Annotated[
 ]
 NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 
+
 #: How long a reservation may wait for room: a Go duration up to MAX_WAIT, checked by
 #: the API server (pattern and CEL) and by the same bound in the operator's parser.
+def _wait(value: object) -> timedelta:
+    """spec.wait as the API server reads it: the schema's pattern, then the bound."""
+    if isinstance(value, str) and not re.fullmatch(GO_DURATION, value):
+        raise ValueError(f"should match '{GO_DURATION}' (a Go duration, e.g. 10m)")
+    return parse_duration(value, low=timedelta(0), high=MAX_WAIT)
+
+
 WaitDuration = Annotated[
     timedelta,
-    BeforeValidator(partial(parse_duration, low=timedelta(0), high=MAX_WAIT)),
+    BeforeValidator(_wait),
     WithJsonSchema(
         {
             "type": "string",

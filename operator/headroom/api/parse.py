@@ -146,7 +146,7 @@ def parse_duration(
 def _human(duration: timedelta) -> str:
     seconds = duration.total_seconds()
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size and seconds % size == 0:
+        if seconds >= size and seconds % size == 0 and (unit != "d" or seconds > 86400):
             return f"{int(seconds // size)}{unit}"
     return f"{seconds * 1000:g}ms"
 

@@ -3,9 +3,8 @@
 Placement code and people ask "where can I put 8 GiB?" before they claim; the
 answer comes from the NodeHeadrooms, ordered by the rule ``--node auto`` uses
 (``headroom.client.placement``): most allocatable RAM first, then most free VRAM,
-then the name. Node labels are not on NodeHeadrooms yet, so ``-l`` lists the Nodes
-that match, which needs the right to list Nodes; without it, ``fit -l`` says so
-and exits 4 rather than answer for every node.
+then the name. ``-l`` selects by the Node's labels, which the operator copies onto
+each NodeHeadroom: whoever may read NodeHeadrooms may select, no right on Nodes needed.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ def add(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-l",
         "--selector",
-        help="only Nodes matching this label selector (needs the right to list Nodes)",
+        help="only nodes whose labels match this selector (copied onto their NodeHeadrooms)",
     )
     parser.set_defaults(handler=command)
 

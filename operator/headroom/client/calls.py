@@ -83,9 +83,14 @@ def delete(conn: Connection, name: str, uid: str, resource_version: str | None =
     )
 
 
-def node_headrooms(conn: Connection) -> list[JSON]:
+def node_headrooms(conn: Connection, selector: str | None = None) -> list[JSON]:
+    """NodeHeadrooms (they carry their Node's labels: ``selector`` selects by those)."""
     listed = conn.custom.list_cluster_custom_object(
-        GROUP, VERSION, NODEHEADROOMS, _request_timeout=REQUEST_TIMEOUT
+        GROUP,
+        VERSION,
+        NODEHEADROOMS,
+        label_selector=selector or "",
+        _request_timeout=REQUEST_TIMEOUT,
     )
     return sorted(cast(JSON, listed)["items"], key=lambda o: o["metadata"]["name"])
 
@@ -95,9 +100,3 @@ def node_headroom(conn: Connection, node: str) -> JSON:
         GROUP, VERSION, NODEHEADROOMS, node, _request_timeout=REQUEST_TIMEOUT
     )
     return cast(JSON, obj)
-
-
-def node_names(conn: Connection, selector: str) -> set[str]:
-    """Names of the Nodes matching a label selector (needs the right to list Nodes)."""
-    listed = conn.core.list_node(label_selector=selector, _request_timeout=REQUEST_TIMEOUT)
-    return {str(node.metadata.name) for node in listed.items if node.metadata is not None}

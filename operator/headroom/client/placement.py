@@ -14,8 +14,9 @@ its free VRAM is at least the VRAM asked: the operator's admission test, applied
 the figures it last published (at most ``summaryInterval`` old). A node can fill up
 between this reading and the claim; ``--node auto`` then tries the next one.
 
-Node labels are not copied onto NodeHeadrooms (yet), so a label selector is applied
-by listing the Nodes, which only a caller allowed to list Nodes can do.
+A label selector is sent with the NodeHeadroom list: the operator copies each
+Node's labels onto its NodeHeadroom, so whoever may read NodeHeadrooms (a tenant
+bound to ``headroom-nodeheadroom-reader``) can select by them without reading Nodes.
 """
 
 from __future__ import annotations
@@ -149,29 +150,16 @@ def read(
 ) -> list[NodeRoom]:
     """:func:`rank` over the NodeHeadrooms of the nodes matching ``selector`` (all without).
 
-    Raises :class:`PlacementError` when the caller may not list NodeHeadrooms,
-    or, with a selector, Nodes.
+    Raises :class:`PlacementError` when the caller may not list NodeHeadrooms.
     """
     try:
-        headrooms = calls.node_headrooms(conn)
+        headrooms = calls.node_headrooms(conn, selector)
     except ApiException as error:
         if error.status != 403:
             raise
         raise PlacementError(
             f"cannot list NodeHeadrooms: {api_message(error)}. {NODEHEADROOM_GRANT}"
         ) from None
-    if selector:
-        try:
-            matching = calls.node_names(conn, selector)
-        except ApiException as error:
-            if error.status != 403:
-                raise
-            raise PlacementError(
-                f"cannot list Nodes to match the label selector {selector!r}: "
-                f"{api_message(error)}. Node labels are not on NodeHeadrooms yet, so a "
-                "selector needs the right to list Nodes (get, list on nodes)"
-            ) from None
-        headrooms = [h for h in headrooms if h["metadata"]["name"] in matching]
     return rank(headrooms, ram_mb, vram_mb)
 
 

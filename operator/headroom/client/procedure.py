@@ -52,8 +52,9 @@ log = logging.getLogger("headroom.client")
 
 DECIDED = ("Admitted", "Rejected", "Reclaimed")
 HOLDS_NOTHING = ("Rejected", "Reclaimed")
-#: Refusals that say "this node is full now": automatic placement tries the next node.
-NODE_FULL = ("InsufficientRAM", "InsufficientVRAM", "TooManyEntries")
+#: Refusals that say "this node is full now" (or, under strict FIFO, "others wait ahead
+#: here"): automatic placement tries the next node.
+NODE_FULL = ("InsufficientRAM", "InsufficientVRAM", "TooManyEntries", "WaitersAhead")
 #: Nodes tried at most by automatic placement.
 MOST_NODES = 3
 #: Without a ``wait``, how long to wait for the decision by default.
