@@ -32,10 +32,10 @@ NODEHEADROOMS = ("headroom.dev", "v1alpha1", "nodeheadrooms")
 
 def publish(custom: client.CustomObjectsApi, node: Any, limit_mb: int) -> None:
     """A NodeHeadroom as the operator writes it for an empty ``node`` with ``limit_mb`` to
-    give (owned by that Node, as the operator's are: it deletes those that are not)."""
+    give (owned by that Node and carrying its labels, as the operator's are)."""
     name, uid = node.metadata.name, node.metadata.uid
     owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}
-    metadata = {"name": name, "ownerReferences": [owner]}
+    metadata = {"name": name, "ownerReferences": [owner], "labels": node.metadata.labels or {}}
     custom.create_cluster_custom_object(
         *NODEHEADROOMS,
         {"apiVersion": "headroom.dev/v1alpha1", "kind": "NodeHeadroom", "metadata": metadata},

@@ -61,13 +61,21 @@ TenantTime = Annotated[
 NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 
 
+WAIT_TOO_LONG = f"must be at most {int(MAX_WAIT.total_seconds() // 3600)}h"
+
+
 #: How long a reservation may wait for room: a Go duration up to MAX_WAIT, checked by
 #: the API server (pattern and CEL) and by the same bound in the operator's parser.
 def _wait(value: object) -> timedelta:
-    """spec.wait as the API server reads it: the schema's pattern, then the bound."""
+    """spec.wait as the API server reads it, with the API server's words: the schema's
+    pattern, then its CEL bound."""
     if isinstance(value, str) and not re.fullmatch(GO_DURATION, value):
-        raise ValueError(f"should match '{GO_DURATION}' (a Go duration, e.g. 10m)")
-    return parse_duration(value, low=timedelta(0), high=MAX_WAIT)
+        raise ValueError(f"spec.wait in body should match '{GO_DURATION}'")
+    # A generous parse bound, so that any duration over MAX_WAIT gets the CEL rule's words.
+    duration = parse_duration(value, low=timedelta(0), high=timedelta(days=10**6))
+    if duration > MAX_WAIT:
+        raise ValueError(WAIT_TOO_LONG)
+    return duration
 
 
 WaitDuration = Annotated[
@@ -81,7 +89,7 @@ WaitDuration = Annotated[
             "x-kubernetes-validations": [
                 {
                     "rule": f"duration(self) <= duration('{int(MAX_WAIT.total_seconds())}s')",
-                    "message": f"must be at most {int(MAX_WAIT.total_seconds() // 3600)}h",
+                    "message": WAIT_TOO_LONG,
                 }
             ],
         }
