@@ -6,6 +6,9 @@
   final decision (Admitted or Rejected; Queued is not final), and Admitted only
   ever moves on to Reclaimed.
 - Each NodeHeadroom equals a recount of the Admitted reservations on its node.
+- Under StrictFIFO, once the queues are still: per node, no reservation that waited
+  was admitted while an older one still waits, and the oldest waiting one does not
+  fit (:func:`strict_fifo`).
 
 A :class:`History` watches every status change while the chaos runs.
 """
@@ -144,3 +147,56 @@ def headroom_matches(
             return []
         time.sleep(0.5)
     return mismatches
+
+
+def strict_fifo(
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+    reserve_mb: int,
+    nodes: list[str],
+) -> list[str]:
+    """Violations of strict FIFO in the final state of reservations that waited.
+
+    Creation order is (creationTimestamp, namespace/name), the operator's. A
+    Queued one older than an Admitted waiter on the same node means the Admitted
+    one went ahead of it; a Queued head that fits means the queue stalled. Valid
+    when every waiter existed before the first of them was admitted and none was
+    deleted or ran out of wait while it waited.
+    """
+    found = []
+    waiters: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    held: dict[str, int] = defaultdict(int)
+    for obj in list_all(custom, namespace):
+        phase = (obj.get("status") or {}).get("phase")
+        if phase == "Admitted":
+            held[obj["spec"]["node"]] += obj["spec"]["ramMB"]
+        if obj["spec"].get("wait"):
+            waiters[obj["spec"]["node"]].append(obj)
+    for name in nodes:
+        queue = sorted(
+            waiters[name],
+            key=lambda o: (o["metadata"]["creationTimestamp"], namespace, o["metadata"]["name"]),
+        )
+        phases = [(o.get("status") or {}).get("phase") for o in queue]
+        if "Queued" not in phases:
+            continue
+        first = phases.index("Queued")
+        head = queue[first]
+        went_ahead = [
+            o["metadata"]["name"]
+            for o, phase in zip(queue[first:], phases[first:], strict=True)
+            if phase == "Admitted"
+        ]
+        if went_ahead:
+            found.append(
+                f"node {name}: {went_ahead} admitted while the older "
+                f"{head['metadata']['name']} still waits"
+            )
+        room = limit_mb(core.read_node(name).to_dict(), reserve_mb) - held[name]
+        if head["spec"]["ramMB"] <= room:
+            found.append(
+                f"node {name}: head {head['metadata']['name']} ({head['spec']['ramMB']} MiB) "
+                f"fits the {room} MiB left but still waits"
+            )
+    return found

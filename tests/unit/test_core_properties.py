@@ -219,7 +219,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def waiting_ones_hold_nothing_and_keep_their_order(self) -> None:
         for node in self.ledger.waiting.nodes():
             queue = self.ledger.waiting.on(node)
-            assert [w.created_at for w in queue] == sorted(w.created_at for w in queue)
+            order = [(w.created_at, w.entry.id) for w in queue]
+            assert order == sorted(order), "not in creation order, then by name"
             for position, waiting in enumerate(queue, 1):
                 assert self.ledger.get(waiting.entry.id) is None
                 assert self.ledger.waiting.position(waiting.entry.id) == position

@@ -25,10 +25,16 @@ from headroom.ledger.entry import Entry
 
 @dataclass(order=True, slots=True)
 class Waiting:
-    """One waiting reservation; ordered by creation, then by when it started to wait."""
+    """One waiting reservation; ordered by creation, then by namespace/name.
+
+    creationTimestamp has whole seconds, so ties are common; breaking them by name
+    (not by when this process saw them) gives every replica and every restart the
+    same order.
+    """
 
     created_at: datetime
-    sequence: int
+    entry_id: str
+    sequence: int = field(compare=False)
     entry: Entry = field(compare=False)
     until: datetime = field(compare=False)  # creation + wait
 
@@ -48,7 +54,7 @@ class WaitQueues:
 
     def add(self, entry: Entry, until: datetime) -> int:
         """Start waiting; returns the entry's position on its node (1 is next)."""
-        waiting = Waiting(entry.created_at, next(self._sequence), entry, until)
+        waiting = Waiting(entry.created_at, entry.id, next(self._sequence), entry, until)
         queue = self._queues.setdefault(entry.node, [])
         bisect.insort(queue, waiting)
         self._by_id[entry.id] = waiting
