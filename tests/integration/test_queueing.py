@@ -213,3 +213,26 @@ def test_a_node_headroom_carries_its_nodes_labels(
         "headroom.dev", "v1alpha1", "nodeheadrooms", label_selector="gpu=a100,tier=spot"
     )
     assert [i["metadata"]["name"] for i in selected["items"]] == [node]
+
+
+def test_a_queued_one_whose_node_goes_away_waits_until_its_wait_runs_out(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    node = f"q-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="5Gi")  # limit 4096
+    run_operator({"sweepPeriod": "200ms"})
+    rsv.create(custom, namespace, "holder", node, 4096)
+    rsv.wait_for(custom, namespace, "holder")
+    rsv.create(custom, namespace, "waiter", node, 1024, wait="6s")
+    queued(custom, namespace, "waiter")
+    core.delete_node(node)
+    rsv.delete(custom, namespace, "holder")  # room, but on a node that is gone
+    time.sleep(2)
+    assert phase_of(custom, namespace, "waiter") == "Queued"
+    over = rsv.wait_for(custom, namespace, "waiter", ("Rejected",), timeout=15)["status"]
+    assert over["reason"] == "WaitTimeout", over
+    assert f"node {node}: capacity unknown" in over["message"], over

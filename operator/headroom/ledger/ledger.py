@@ -227,8 +227,7 @@ class Ledger:
                 )
             else:
                 reason = Reason.WAIT_TIMEOUT
-                state = self._nodes.get(entry.node)
-                why = self._refusal(entry, now) if state is not None else None
+                why = self._refusal(entry, now)  # NodeUnknown's words if the node is gone
                 message = (
                     f"waited until {waiting.until.isoformat()} for room on node {entry.node}"
                     + (f": {why[1]}" if why else "")
