@@ -27,6 +27,8 @@ BAD_ARGUMENTS = [
     ({"--node": "n" * 254}, ["--node: Too long: may not be more than 253"]),
     ({"--name": "Bad_Name"}, ['--name: Invalid value: "Bad_Name"']),
     ({"--owner-pod": "-pod"}, ['--owner-pod: Invalid value: "-pod"']),
+    ({"--wait-for-room": "25h"}, ['--wait-for-room: Invalid value: "25h": must be at most 24h']),
+    ({"--wait-for-room": "-1m"}, ['--wait-for-room: Invalid value: "-1m"', "should match"]),
 ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,6 +21,8 @@ from headroom_dev import invariants
 from headroom_dev import reservations as rsv
 from headroom_dev.nodes import set_node_memory
 from headroom_dev.operator import OperatorProcess
+from tests.integration.cli_checks import Cli
+from tests.integration.polling import eventually
 
 Start = Callable[..., OperatorProcess]
 QUEUED = ("Queued",)
@@ -31,6 +34,10 @@ def queued(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[s
 
 def phase_of(custom: client.CustomObjectsApi, namespace: str, name: str) -> str | None:
     return (rsv.get(custom, namespace, name).get("status") or {}).get("phase")
+
+
+def _exists(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
+    assert any(o["metadata"]["name"] == name for o in rsv.list_all(custom, namespace)), name
 
 
 def soon(seconds: float) -> str:
@@ -236,3 +243,29 @@ def test_a_queued_one_whose_node_goes_away_waits_until_its_wait_runs_out(
     over = rsv.wait_for(custom, namespace, "waiter", ("Rejected",), timeout=15)["status"]
     assert over["reason"] == "WaitTimeout", over
     assert f"node {node}: capacity unknown" in over["message"], over
+
+
+def test_reserve_waits_through_the_queue_with_wait_for_room(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    cli: Cli,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    node = f"q-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="5Gi")  # limit 4096
+    run_operator()
+    rsv.create(custom, namespace, "holder", node, 4096)
+    rsv.wait_for(custom, namespace, "holder")
+    argv = ["reserve", "--node", node, "--ram", "1024", "--name", "patient"]
+    with ThreadPoolExecutor(1) as pool:
+        result = pool.submit(cli, *argv, "--wait-for-room", "2m", "--wait", "-o", "json")
+        eventually(lambda: _exists(custom, namespace, "patient"))  # the CLI is starting
+        assert queued(custom, namespace, "patient")["queuePosition"] == 1
+        assert rsv.get(custom, namespace, "patient")["spec"]["wait"] == "2m"
+        time.sleep(1)  # still waiting: Queued is not a decision
+        assert not result.done()
+        rsv.delete(custom, namespace, "holder")
+        done = result.result(timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert '"phase": "Admitted"' in done.stdout

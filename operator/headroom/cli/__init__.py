@@ -73,17 +73,25 @@ def _add_commands(
     p.add_argument("--owner-pod")
     p.add_argument("-l", "--selector", help=SELECTOR_HELP)
     p.add_argument(
+        "--wait-for-room",
+        dest="wait_for",
+        help="how long it may wait for room, Queued (spec.wait, e.g. 10m, at most 24h)",
+    )
+    p.add_argument(
         "--wait",
         action="store_true",
         help="wait for the decision: exit 0 admitted, 1 rejected, 3 no decision in --timeout",
     )
-    p.add_argument("--timeout", help=f"with --wait (default {arguments.DEFAULT_TIMEOUT})")
+    p.add_argument(
+        "--timeout",
+        help=f"with --wait (default {arguments.DEFAULT_TIMEOUT}, plus --wait-for-room)",
+    )
     p.add_argument(
         "--keep-on-timeout",
         action="store_true",
         help="with --wait: keep the reservation when the wait runs out (default: delete it)",
     )
-    p.set_defaults(handler=reserve.command)
+    p.set_defaults(handler=reserve.command, wait_flag="--wait-for-room")
     p = parser("heartbeat", "refresh a reservation's heartbeat (exit 1 if it holds nothing)")
     p.add_argument("reservation")
     p.set_defaults(handler=commands.heartbeat)

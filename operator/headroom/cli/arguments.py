@@ -85,7 +85,7 @@ def claim_request(args: Any, now: datetime | None = None) -> ClaimRequest:
             description=args.description,
             owner_pod=args.owner_pod,
             name=args.name,
-            labels=FLAGS,
+            labels={**FLAGS, "wait": getattr(args, "wait_flag", FLAGS["wait"])},
             now=now,
         )
     except InvalidClaimError as error:

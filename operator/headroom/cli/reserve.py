@@ -11,6 +11,11 @@ in the meantime: that decision is reported instead.
 ``--wait``, when that node refuses it for lack of room (it filled up since the
 NodeHeadrooms were written), deletes it and tries the next, at most three nodes;
 each attempt is a new reservation.
+
+``--wait-for-room D`` sets ``spec.wait``: a reservation that does not fit now is
+Queued for up to D instead of refused; ``--wait`` then waits through the queue
+(the default ``--timeout`` grows by D), and ``--node auto`` may pick a node where
+it could fit once others leave when none has room now.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from datetime import timedelta
 from typing import Any
 
 import urllib3
@@ -46,7 +52,11 @@ DELETE_ATTEMPTS = 5
 
 def command(args: argparse.Namespace) -> int:
     request = arguments.claim_request(args)
-    timeout = arguments.duration(args.timeout or arguments.DEFAULT_TIMEOUT, "--timeout")
+    timeout = (
+        arguments.duration(args.timeout, "--timeout")
+        if args.timeout is not None
+        else procedure.default_timeout(request)
+    )
     if args.selector is not None and request.node is not None:
         raise UsageError("-l/--selector: only with --node auto")
     cluster = readers.connect(args.kubeconfig, args.context, args.namespace)
@@ -68,7 +78,7 @@ def command(args: argparse.Namespace) -> int:
             return Exit.DONE
         obj = _waited(cluster, created, deadline)
         if _phase(obj) not in DECIDED:
-            return _timed_out(cluster, obj, args)
+            return _timed_out(cluster, obj, args, timeout)
         status = obj.get("status") or {}
         refused = status.get("phase") == "Rejected" and status.get("reason") in NODE_FULL
         if request.node is None and refused and index + 1 < len(nodes):
@@ -92,7 +102,8 @@ def _best_nodes(
         rooms = placement.read(cluster, request.ram_mb, request.vram_mb, args.selector)
     except PlacementError as error:
         raise CommandError(Exit.UNREACHABLE, str(error)) from None
-    best = placement.candidates(rooms, may_wait=False, most=procedure.MOST_NODES)
+    may_wait = request.wait is not None
+    best = placement.candidates(rooms, may_wait=may_wait, most=procedure.MOST_NODES)
     if not best:
         raise CommandError(
             Exit.REFUSED,
@@ -159,9 +170,11 @@ def _decided(cluster: readers.Cluster, obj: JSON, args: argparse.Namespace) -> i
     return Exit.DONE
 
 
-def _timed_out(cluster: readers.Cluster, obj: JSON, args: argparse.Namespace) -> int:
+def _timed_out(
+    cluster: readers.Cluster, obj: JSON, args: argparse.Namespace, timeout: timedelta
+) -> int:
     name, uid = obj["metadata"]["name"], obj["metadata"]["uid"]
-    waited = args.timeout or arguments.DEFAULT_TIMEOUT
+    waited = args.timeout or f"{timeout.total_seconds():g}s"
     what = f"no decision on reservation {cluster.namespace}/{name} within {waited}"
     if args.keep_on_timeout:
         raise CommandError(
