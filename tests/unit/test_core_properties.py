@@ -181,7 +181,9 @@ class LedgerMachine(RuleBasedStateMachine):
             assert self._reserved(node) == before
             assert decision.position == self.ledger.waiting.position(entry.id)
         elif decision.admitted:
-            assert not (strict and self.ledger.waiting.on(node)), "went ahead under strict FIFO"
+            key = (entry.created_at, entry.id)
+            older = [w for w in self.ledger.waiting.on(node) if w.key < key]
+            assert not (strict and older), "went ahead of an older waiter under strict FIFO"
 
     @precondition(lambda self: len(self.ledger.waiting) > 0)
     @rule(data=st.data())

@@ -91,3 +91,26 @@ def test_an_expiry_before_the_wait_ends_is_already_expired() -> None:
     book.reserve_or_wait(entry("a", 1024, expires=soon), T0, LATER)
     [over] = book.wait_over(soon)
     assert over.reason == Reason.ALREADY_EXPIRED
+
+
+def test_under_strict_fifo_an_older_one_decided_late_goes_ahead_of_younger_waiters() -> None:
+    """After an outage, a reservation created before the waiters may be decided after
+    them: creation order, not the order of decisions, says who is ahead."""
+    book = ledger(total=5120)
+    assert book.reserve(entry("holder", 3072), T0).admitted
+    young = T0 + timedelta(seconds=5)
+    book.reserve_or_wait(entry("young", 2048, at=young), young, LATER, strict=True)
+    old = book.reserve_or_wait(entry("old", 1024), young, LATER, strict=True)
+    assert old.admitted, old.message  # it fits, and nothing waits ahead of it
+    assert [w.entry.id for w in book.waiting.on("n1")] == ["young"]
+
+
+def test_under_strict_fifo_waiters_stay_behind_an_older_undecided_one() -> None:
+    book = ledger(total=5120)
+    assert book.reserve(entry("holder", 4096), T0).admitted
+    young = T0 + timedelta(seconds=5)
+    book.reserve_or_wait(entry("young", 1024, at=young), young, LATER, strict=True)
+    book.release("holder")
+    older = {"n1": (T0, "old")}
+    assert book.admit_waiting(young, ["n1"], strict=True, undecided=older) == []
+    assert book.admit_waiting(young, ["n1"], strict=False, undecided=older) != []

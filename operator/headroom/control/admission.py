@@ -21,9 +21,10 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from headroom.api.constants import OWNER_LABEL
-from headroom.api.parse import InvalidValueError
+from headroom.api.parse import InvalidValueError, parse_time
 from headroom.api.reasons import Phase, Reason
 from headroom.control.lookups import Lookups, PodAnswer
 from headroom.control.state import POD, RESERVATION, Record, State
@@ -112,6 +113,7 @@ class Admission:
                 await asyncio.sleep(_NOT_LEADER_PAUSE)
             self._settle_waiting()  # the older, waiting ones first
             waiting: set[str] = set()  # nodes with an earlier reservation still waiting
+            decided: set[str] = set()
             for pending in sorted(self._queue.values(), key=lambda p: p.order):
                 await self._writer.room()  # between decisions: the ledger is consistent
                 while not self._may_act():  # noqa: ASYNC110 - a Lease runs out by the clock
@@ -123,11 +125,14 @@ class Admission:
                     waiting.add(node or "")  # later ones on its node wait too: creation order
                     continue  # a lookup is under way; its answer wakes us
                 del self._queue[pending.uid]
+                decided.add(node or "")
                 try:
                     self._decide(pending)
                 except Exception as error:  # one reservation must not stop the others
                     log.exception("deciding %s/%s failed", pending.namespace, pending.name)
                     self._refuse(pending, Reason.INVALID_SPEC, f"could not be decided: {error}")
+            if decided & self._state.room_nodes:
+                self._wake.set()  # waiters held back behind these may go now
 
     def _ready(self, pending: Pending) -> bool:
         node, pod = spec_targets(pending.obj)
@@ -191,7 +196,10 @@ class Admission:
         nodes, state.room_nodes = state.room_nodes, set()
         if not nodes or not len(state.ledger.waiting):
             return
-        for verdict in state.ledger.admit_waiting(now, nodes, strict=self._strict):
+        undecided = self._oldest_undecided() if self._strict else {}
+        state.room_nodes |= nodes & undecided.keys()  # settled again once those are decided
+        admitted = state.ledger.admit_waiting(now, nodes, strict=self._strict, undecided=undecided)
+        for verdict in admitted:
             record = self._waiting_record(verdict.entry.id)
             if record is None:  # cannot happen: every waiting entry has its record
                 state.ledger.release(verdict.entry.id)
@@ -200,6 +208,20 @@ class Admission:
             state.hold(record)
             waited = (now - verdict.entry.created_at).total_seconds()
             self._telemetry.waited(max(waited, 0.0))
+
+    def _oldest_undecided(self) -> dict[str, tuple[datetime, str]]:
+        """Per node, the creation key of the oldest reservation still to be decided."""
+        oldest: dict[str, tuple[datetime, str]] = {}
+        for pending in self._queue.values():
+            node, _ = spec_targets(pending.obj)
+            try:
+                created = parse_time(pending.obj["metadata"].get("creationTimestamp"))
+            except InvalidValueError:
+                continue  # decided InvalidSpec, in no queue
+            key = (created, f"{pending.namespace}/{pending.name}")
+            if node is not None and (node not in oldest or key < oldest[node]):
+                oldest[node] = key
+        return oldest
 
     def _waiting_record(self, entry_id: str) -> Record | None:
         uid = self._state.waiters.get(entry_id)

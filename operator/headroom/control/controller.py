@@ -37,6 +37,7 @@ from headroom.control.summaries import Summaries
 from headroom.control.supervisor import Supervisor
 from headroom.control.telemetry import NoTelemetry, Telemetry
 from headroom.control.writer import StatusWriter
+from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock, SystemClock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
@@ -281,15 +282,27 @@ class Controller:
         return node_version, pod_version, version
 
     async def _resync_forever(self) -> None:
+        period = self.config.resync_period.total_seconds()
+        # A resync that failed is the safety net missing: tried again soon, not a period later.
+        backoff = Backoff(base=1.0, cap=period, rng=self.rng)
+        delay = period
         while True:
-            await asyncio.sleep(self.config.resync_period.total_seconds())
+            await asyncio.sleep(delay)
+            failed = False
             for step in (self.resync, self.nodes.relist, self.owners.relist, self._orphans):
                 try:
                     await step()
-                except (ApiError, ApiUnavailableError) as error:  # done again next period
+                except (ApiError, ApiUnavailableError) as error:
+                    failed = True
                     log.warning("resync step %s failed: %s", step.__name__, error)
                 except Exception:
+                    failed = True
                     log.exception("resync step %s failed", step.__name__)
+            if failed:
+                delay = backoff.next()
+            else:
+                backoff.reset()
+                delay = period
 
     async def _orphans(self) -> None:
         await self.summaries.delete_orphans()

@@ -233,9 +233,11 @@ class Reclaimer:
         for _ in range(5):
             try:
                 await self._transport.delete(reservation_path(namespace, name), uid=uid)
+                self._on_gone(uid)  # not left to its DELETED event, which a relist may skip
                 return
             except ApiError as error:
                 if error.not_found or error.conflict:  # gone, or a namesake now
+                    self._on_gone(uid)
                     return
                 if not error.retriable:
                     log.warning("reclaimed %s/%s not deleted: %s", namespace, name, error)

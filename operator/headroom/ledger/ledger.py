@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -177,11 +177,11 @@ class Ledger:
         Under strict FIFO nothing goes ahead of a reservation already waiting on the
         node: a newcomer waits behind it (or, without a wait, is refused).
         """
-        if strict and self.waiting.on(entry.node) and entry.id not in self._entries:
-            waiters = len(self.waiting.on(entry.node))
+        ahead = self.waiting.ahead_of(entry) if strict else 0
+        if ahead and entry.id not in self._entries:
             refusal: tuple[Reason, str] | None = (
                 Reason.WAITERS_AHEAD,
-                f"node {entry.node}: {waiters} reservations wait ahead of this one (strict FIFO)",
+                f"node {entry.node}: {ahead} reservations wait ahead of this one (strict FIFO)",
             )
         else:
             refusal = self._refusal(entry, now)
@@ -197,13 +197,26 @@ class Ledger:
         return Decision(False, reason, message, entry)
 
     def admit_waiting(
-        self, now: datetime, nodes: Iterable[str], *, strict: bool = False
+        self,
+        now: datetime,
+        nodes: Iterable[str],
+        *,
+        strict: bool = False,
+        undecided: Mapping[str, tuple[datetime, str]] | None = None,
     ) -> list[Decision]:
-        """Admit, in order, what waits on ``nodes`` and fits now (room may have appeared)."""
+        """Admit, in order, what waits on ``nodes`` and fits now (room may have appeared).
+
+        ``undecided`` gives, per node, the creation key (time, id) of the oldest
+        reservation not decided yet (seen during an outage, say): under strict FIFO no
+        waiter younger than it goes first; it is decided, in its turn, before them.
+        """
         admitted: list[Decision] = []
         for node in sorted(set(nodes)):
+            oldest_undecided = (undecided or {}).get(node)
             for waiting in self.waiting.on(node):
                 entry = waiting.entry
+                if strict and oldest_undecided and oldest_undecided < waiting.key:
+                    break  # an older one, not decided yet, goes first
                 refusal = self._refusal(entry, now)
                 if refusal is None:
                     self.waiting.remove(entry.id)

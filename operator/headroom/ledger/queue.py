@@ -38,6 +38,11 @@ class Waiting:
     entry: Entry = field(compare=False)
     until: datetime = field(compare=False)  # creation + wait
 
+    @property
+    def key(self) -> tuple[datetime, str]:
+        """Its place in creation order."""
+        return (self.created_at, self.entry_id)
+
 
 class WaitQueues:
     def __init__(self) -> None:
@@ -74,6 +79,11 @@ class WaitQueues:
 
     def get(self, entry_id: str) -> Waiting | None:
         return self._by_id.get(entry_id)
+
+    def ahead_of(self, entry: Entry) -> int:
+        """How many wait on ``entry``'s node and were created before it (creation key)."""
+        queue = self._queues.get(entry.node, [])
+        return bisect.bisect_left(queue, (entry.created_at, entry.id), key=lambda w: w.key)
 
     def on(self, node: str) -> list[Waiting]:
         """The node's queue, oldest first (a copy)."""
