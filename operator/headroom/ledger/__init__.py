@@ -5,14 +5,9 @@ fractions, with ``now`` passed in, so it can be proven by property tests and
 measured in microseconds. See ``ledger.py`` for the costs.
 """
 
+from headroom.ledger.decisions import Decision, Reclaimed, RestoreResult, UnknownEntryError
 from headroom.ledger.entry import Entry, Owner
-from headroom.ledger.ledger import (
-    Decision,
-    Ledger,
-    Reclaimed,
-    RestoreResult,
-    UnknownEntryError,
-)
+from headroom.ledger.ledger import Ledger
 from headroom.ledger.node import format_ratio
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary
 

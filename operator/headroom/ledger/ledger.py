@@ -25,58 +25,22 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 
 from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
+from headroom.ledger.decisions import (
+    WAITABLE,
+    Decision,
+    Reclaimed,
+    RestoreResult,
+    UnknownEntryError,
+)
 from headroom.ledger.entry import Entry
 from headroom.ledger.node import NodeState, format_ratio
 from headroom.ledger.queue import WaitQueues
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
-
-
-class UnknownEntryError(LookupError):
-    """No active entry has this id (never reserved, released or reclaimed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    admitted: bool
-    reason: Reason
-    message: str
-    entry: Entry
-    position: int | None = None  # not admitted, but waiting: its place in its node's queue
-
-    @property
-    def queued(self) -> bool:
-        return self.position is not None
-
-
-#: Refusals a reservation may wait out (room may appear); the others are final.
-WAITABLE = frozenset(
-    {
-        Reason.NODE_UNKNOWN,
-        Reason.INSUFFICIENT_RAM,
-        Reason.INSUFFICIENT_VRAM,
-        Reason.TOO_MANY_ENTRIES,
-        Reason.WAITERS_AHEAD,
-    }
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Reclaimed:
-    entry: Entry
-    reason: Reason  # HEARTBEAT_STALE or EXPIRED
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class RestoreResult:
-    """Entries restored at start-up that no longer fit their node; kept, not dropped."""
-
-    over_committed: list[Entry] = field(default_factory=list)
 
 
 class Ledger:

@@ -1,0 +1,55 @@
+"""What the ledger answers: decisions, reclaims and restore results (plain values).
+
+Kept apart from the arithmetic in ``ledger.py`` so that callers and tests can name
+the answers without the machinery that computes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from headroom.api.reasons import Reason
+from headroom.ledger.entry import Entry
+
+
+class UnknownEntryError(LookupError):
+    """No active entry has this id (never reserved, released or reclaimed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    admitted: bool
+    reason: Reason
+    message: str
+    entry: Entry
+    position: int | None = None  # not admitted, but waiting: its place in its node's queue
+
+    @property
+    def queued(self) -> bool:
+        return self.position is not None
+
+
+#: Refusals a reservation may wait out (room may appear); the others are final.
+WAITABLE = frozenset(
+    {
+        Reason.NODE_UNKNOWN,
+        Reason.INSUFFICIENT_RAM,
+        Reason.INSUFFICIENT_VRAM,
+        Reason.TOO_MANY_ENTRIES,
+        Reason.WAITERS_AHEAD,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaimed:
+    entry: Entry
+    reason: Reason  # HEARTBEAT_STALE or EXPIRED
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    """Entries restored at start-up that no longer fit their node; kept, not dropped."""
+
+    over_committed: list[Entry] = field(default_factory=list)
