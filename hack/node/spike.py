@@ -1,0 +1,184 @@
+"""Feasibility spike for issue #12 item 2: one real node against the dev control plane.
+
+Starts etcd + kube-apiserver with the project's harness, brings up containerd +
+the kubelet with hack/node/node.sh, waits for the Node to be Ready, runs a
+busybox pod on it (nodeName set: there is no scheduler), reads its logs, deletes
+it, and tears everything down, printing what it measured. Needs root.
+
+    cd <repo> && PYTHONPATH=operator .venv/bin/python hack/node/spike.py [--keep]
+
+--keep leaves the pod running and prints the KUBECONFIG line, then waits for
+Ctrl-C (the control plane dies with this process) and tears down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from headroom_dev.controlplane import ControlPlane, binary
+
+HERE = Path(__file__).resolve().parent
+NODE = socket.gethostname()  # resolves to 127.0.0.1 here; see node.sh
+
+
+class NodeControlPlane(ControlPlane):
+    """The harness's control plane plus what the API server needs to reach a kubelet."""
+
+    def _apiserver_argv(self) -> list[str]:
+        self.ca.client("kube-apiserver-kubelet-client", ("system:masters",)).write(
+            self.pki, "kubelet-client"
+        )
+        return [
+            *super()._apiserver_argv(),
+            f"--kubelet-client-certificate={self.pki / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={self.pki / 'kubelet-client.key'}",
+        ]
+
+
+def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> str:
+    out = subprocess.run(
+        [str(binary("kubectl")), f"--kubeconfig={cp.kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def wait(what: str, check: Callable[[], bool], timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if check():
+            return time.monotonic() - start
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} not true after {timeout:.0f}s")
+
+
+def node_ready(cp: ControlPlane) -> bool:
+    try:
+        node = json.loads(kubectl(cp, "get", "node", NODE, "-o", "json"))
+    except RuntimeError:
+        return False
+    return any(
+        c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", [])
+    )
+
+
+def pod_phase(cp: ControlPlane, name: str) -> str:
+    return kubectl(cp, "get", "pod", name, "-o", "jsonpath={.status.phase}")
+
+
+POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: hello}
+spec:
+  nodeName: %s
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: hello
+    image: localhost/headroom/busybox:1
+    imagePullPolicy: Never
+    command:
+    - sh
+    - -c
+    - |
+      echo hello from $(hostname) $(ip -4 -o addr show eth0 | awk '{print $4}')
+      head -1 /proc/self/cgroup
+      exec sleep 3600
+    resources:
+      requests: {memory: 16Mi, cpu: 10m}
+      limits: {memory: 32Mi}
+"""
+
+RBAC = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: headroom-dev:nodes}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: system:nodes}
+"""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    keep = "--keep" in sys.argv
+    # SIGTERM tears down like Ctrl-C (the node's processes run in their own session
+    # and outlive this one otherwise; `hack/node/node.sh down` cleans up after a kill -9).
+    signal.signal(signal.SIGTERM, _interrupt)
+    figures: dict[str, object] = {}
+    cp = NodeControlPlane()
+    t = time.monotonic()
+    cp.start()
+    figures["control plane start s"] = round(time.monotonic() - t, 2)
+    try:
+        kubelet_kc = cp.write_kubeconfig(
+            cp.workdir / "kubelet.kubeconfig", f"system:node:{NODE}", ("system:nodes",)
+        )
+        kubectl(cp, "apply", "-f", "-", stdin=RBAC)
+        env = {**os.environ, "HEADROOM_NODE_CLIENT_CA": str(cp.pki / "ca.crt")}
+        t = time.monotonic()
+        subprocess.run(
+            ["bash", str(HERE / "node.sh"), "up", str(kubelet_kc), NODE], check=True, env=env
+        )
+        figures["node.sh up s (containerd + images + kubelet healthz)"] = round(
+            time.monotonic() - t, 2
+        )
+        figures["Node Ready s (from node.sh up)"] = round(
+            time.monotonic() - t + wait("Node Ready", lambda: node_ready(cp), 120), 2
+        )
+        node = json.loads(kubectl(cp, "get", "node", NODE, "-o", "json"))
+        figures["node capacity"] = node["status"]["capacity"]
+        figures["node allocatable"] = node["status"]["allocatable"]
+        figures["node info"] = {
+            k: node["status"]["nodeInfo"][k]
+            for k in ("kubeletVersion", "containerRuntimeVersion", "kernelVersion", "osImage")
+        }
+        figures["node addresses"] = node["status"]["addresses"]
+        figures["node taints"] = node["spec"].get("taints")
+        figures["MemTotal (/proc/meminfo)"] = Path("/proc/meminfo").read_text().splitlines()[0]
+
+        t = time.monotonic()
+        kubectl(cp, "apply", "-f", "-", stdin=POD % NODE)
+        figures["pod Running s (create -> Running)"] = round(
+            wait("pod Running", lambda: pod_phase(cp, "hello") == "Running", 120), 2
+        )
+        wait("pod logs", lambda: "hello" in kubectl(cp, "logs", "hello"), 30)
+        figures["pod logs"] = kubectl(cp, "logs", "hello").strip().splitlines()
+        figures["pod ip"] = kubectl(cp, "get", "pod", "hello", "-o", "jsonpath={.status.podIP}")
+        if keep:
+            print(json.dumps(figures, indent=2), flush=True)
+            print(f"export KUBECONFIG={cp.kubeconfig}  # Ctrl-C tears down", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+        t = time.monotonic()
+        kubectl(cp, "delete", "pod", "hello", "--wait=true", "--timeout=60s")
+        figures["pod delete s (kubectl delete --wait)"] = round(time.monotonic() - t, 2)
+    finally:
+        t = time.monotonic()
+        subprocess.run(["bash", str(HERE / "node.sh"), "down"], check=False)
+        figures["node.sh down s"] = round(time.monotonic() - t, 2)
+        cp.stop()
+        print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
