@@ -20,6 +20,12 @@
 # HEADROOM_NODE_RUNC (runc binary containerd runs, e.g. a logging wrapper),
 # HEADROOM_NODE_KUBELET_V (kubelet log verbosity), HEADROOM_NODE_POD_CIDR,
 # HEADROOM_NODE_KUBELET_PORT, HEADROOM_NODE_HEALTHZ_PORT.
+# HEADROOM_NODE_APISERVER_PORT: if set, pods reach the API server (which listens
+# on 127.0.0.1:PORT) at the `kubernetes` Service's ClusterIP
+# ($HEADROOM_NODE_SERVICE_IP, default 10.0.0.1) port 443, as in-cluster clients
+# expect: one DNAT rule in its own nat chain plus route_localnet on the bridge,
+# the part of kube-proxy this needs. The API server's serving certificate must
+# name that IP.
 # One node per machine: the bridge (hr0), the CRI's netns names (/run/netns/cni-*)
 # and containerd 1.6's /run/containerd/{s,fifo,runc} are machine-wide.
 # Needs root. Fails loudly: any step that does not work exits non-zero with the
@@ -35,6 +41,9 @@ bridge=hr0
 pod_cidr="${HEADROOM_NODE_POD_CIDR:-10.244.0.0/24}"
 kubelet_port="${HEADROOM_NODE_KUBELET_PORT:-10250}"
 healthz_port="${HEADROOM_NODE_HEALTHZ_PORT:-10248}"
+
+service_ip="${HEADROOM_NODE_SERVICE_IP:-10.0.0.1}"
+chain=HEADROOM-NODE
 
 die() { echo "node.sh: $*" >&2; exit 1; }
 ctr_() { ctr --address "$sock" -n k8s.io "$@"; }
@@ -170,6 +179,20 @@ up() {
   local img; for img in $images; do ctr_ images import "$img" >/dev/null; done
   [[ "$(ctr_ images ls -q)" == *localhost/headroom/pause:1* ]] || die "pause image missing after import"
 
+  if [[ -n "${HEADROOM_NODE_APISERVER_PORT:-}" ]]; then
+    # The bridge exists before the first pod so that route_localnet can be set on it;
+    # the CNI bridge plugin adopts it (same name, gateway address already there).
+    local gw="${pod_cidr%.*}.1" bits="${pod_cidr#*/}"
+    ip link add "$bridge" type bridge
+    ip addr add "$gw/$bits" dev "$bridge"
+    ip link set "$bridge" up
+    sysctl -qw "net.ipv4.conf.$bridge.route_localnet=1"
+    iptables -t nat -N "$chain"
+    iptables -t nat -A "$chain" -d "$service_ip/32" -p tcp --dport 443 \
+      -j DNAT --to-destination "127.0.0.1:$HEADROOM_NODE_APISERVER_PORT"
+    iptables -t nat -A PREROUTING -i "$bridge" -j "$chain"
+  fi
+
   start_bg kubelet "$kubelet" \
     --config="$root/kubelet.yaml" \
     --kubeconfig="$kubeconfig" \
@@ -210,6 +233,10 @@ down() {
     umount -l "$ns" 2>/dev/null || true; rm -f "$ns"
   done
   ip link show "$bridge" >/dev/null 2>&1 && ip link delete "$bridge"
+  if iptables -t nat -S "$chain" >/dev/null 2>&1; then
+    while iptables -t nat -D PREROUTING -i "$bridge" -j "$chain" 2>/dev/null; do :; done
+    iptables -t nat -F "$chain" && iptables -t nat -X "$chain"
+  fi
   rm -rf "$root/cni/networks"
   # The kubelet's cgroups (cgroupfs driver): remove leaves first, in every hierarchy.
   local c

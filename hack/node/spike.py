@@ -13,6 +13,7 @@ Ctrl-C (the control plane dies with this process) and tears down.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -23,14 +24,33 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
 from headroom_dev.controlplane import ControlPlane, binary
 
 HERE = Path(__file__).resolve().parent
 NODE = socket.gethostname()  # resolves to 127.0.0.1 here; see node.sh
 
 
+SERVICE_IP = "10.0.0.1"  # first address of the harness's --service-cluster-ip-range
+
+
 class NodeControlPlane(ControlPlane):
-    """The harness's control plane plus what the API server needs to reach a kubelet."""
+    """The harness's control plane plus what a node needs: the API server reaches
+    the kubelet with a client certificate, and pods reach the API server at the
+    `kubernetes` Service's ClusterIP (its serving certificate names it)."""
+
+    def _write_pki(self) -> None:
+        super()._write_pki()
+        names = ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "localhost"]
+        # The harness has no SAN parameter yet; the spike signs its own serving cert.
+        self.ca._sign(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
+            ExtendedKeyUsageOID.SERVER_AUTH,
+            [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", SERVICE_IP)]
+            + [x509.DNSName(n) for n in names],
+        ).write(self.pki, "apiserver")
 
     def _apiserver_argv(self) -> list[str]:
         self.ca.client("kube-apiserver-kubelet-client", ("system:masters",)).write(
@@ -111,6 +131,27 @@ subjects:
 """
 
 
+def in_cluster_check(cp: ControlPlane) -> dict[str, str]:
+    """What an in-cluster client in the pod would do: read KUBERNETES_SERVICE_HOST/PORT
+    from its environment and call the API server there over TLS. busybox has no TLS
+    client, so curl runs on the host inside the pod's network namespace."""
+    env = dict(
+        line.split("=", 1)
+        for line in kubectl(cp, "exec", "hello", "--", "env").splitlines()
+        if line.startswith("KUBERNETES_SERVICE_")
+    )
+    (netns,) = [p.name for p in Path("/run/netns").glob("cni-*")]  # the only pod
+    url = f"https://{env['KUBERNETES_SERVICE_HOST']}:{env['KUBERNETES_SERVICE_PORT']}/readyz"
+    pki = cp.pki
+    out = subprocess.run(
+        ["ip", "netns", "exec", netns, "curl", "-sS", "--max-time", "5",
+         "--cacert", str(pki / "ca.crt"), "--cert", str(pki / "admin.crt"),
+         "--key", str(pki / "admin.key"), url],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    return {"url": url, "answer": (out.stdout + out.stderr).strip()}
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -130,7 +171,12 @@ def main() -> int:
             cp.workdir / "kubelet.kubeconfig", f"system:node:{NODE}", ("system:nodes",)
         )
         kubectl(cp, "apply", "-f", "-", stdin=RBAC)
-        env = {**os.environ, "HEADROOM_NODE_CLIENT_CA": str(cp.pki / "ca.crt")}
+        env = {
+            **os.environ,
+            "HEADROOM_NODE_CLIENT_CA": str(cp.pki / "ca.crt"),
+            "HEADROOM_NODE_APISERVER_PORT": str(cp.apiserver_port),
+            "HEADROOM_NODE_SERVICE_IP": SERVICE_IP,
+        }
         t = time.monotonic()
         subprocess.run(
             ["bash", str(HERE / "node.sh"), "up", str(kubelet_kc), NODE], check=True, env=env
@@ -160,6 +206,7 @@ def main() -> int:
         wait("pod logs", lambda: "hello" in kubectl(cp, "logs", "hello"), 30)
         figures["pod logs"] = kubectl(cp, "logs", "hello").strip().splitlines()
         figures["pod ip"] = kubectl(cp, "get", "pod", "hello", "-o", "jsonpath={.status.podIP}")
+        figures["in-cluster path"] = in_cluster_check(cp)
         if keep:
             print(json.dumps(figures, indent=2), flush=True)
             print(f"export KUBECONFIG={cp.kubeconfig}  # Ctrl-C tears down", flush=True)
