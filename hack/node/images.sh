@@ -4,6 +4,8 @@
 # `ctr -n k8s.io images import`:
 #   localhost/headroom/pause:1     the pod sandbox (pause.c, static)
 #   localhost/headroom/busybox:1   a workload image (Debian's busybox-static)
+#   localhost/headroom/kubectl:1   busybox + the project's kubectl (only when asked:
+#                                  `images.sh kubectl`; default is pause and busybox)
 # Needs: gcc with a static libc (libc6-dev), umoci, busybox-static, python3.
 # Prints the archive paths. A cached archive is reused while its inputs match.
 set -euo pipefail
@@ -26,6 +28,7 @@ pack() {
   out="$cache/$name-$hash.tar"
   if [[ ! -s "$out" ]]; then
     local start=$SECONDS
+    rm -f "$cache/$name-"*.tar  # an older build of the same image
     work="$(mktemp -d)"
     umoci init --layout "$work/oci"
     umoci new --image "$work/oci:img"
@@ -65,6 +68,23 @@ fill_busybox() {
   echo 'root:x:0:' > "$1/etc/group"
 }
 
-busybox_version="$(dpkg-query -W -f '${Version}' busybox-static)"
-pack pause localhost/headroom/pause:1 fill_pause /pause "" 65535:65535 "$(cat "$here/pause.c"; gcc --version | head -1)"
-pack busybox localhost/headroom/busybox:1 fill_busybox "" /bin/sh 0:0 "busybox-static $busybox_version"
+kubectl_bin="$cache/../bin/current/kubectl"
+fill_kubectl() {  # busybox + the project's own kubectl build: an in-cluster client for tests
+  fill_busybox "$1"
+  cp -L "$kubectl_bin" "$1/bin/kubectl"
+}
+
+for image in "${@:-pause busybox}"; do
+  for image in $image; do
+    case "$image" in
+      pause) pack pause localhost/headroom/pause:1 fill_pause /pause "" 65535:65535 \
+               "$(cat "$here/pause.c"; gcc --version | head -1)" ;;
+      busybox) pack busybox localhost/headroom/busybox:1 fill_busybox "" /bin/sh 0:0 \
+                 "busybox-static $(dpkg-query -W -f '${Version}' busybox-static)" ;;
+      kubectl) [[ -x "$kubectl_bin" ]] || { echo "images.sh: no kubectl at $kubectl_bin: make controlplane" >&2; exit 1; }
+               pack kubectl localhost/headroom/kubectl:1 fill_kubectl "" /bin/sh 0:0 \
+                 "busybox-static $(dpkg-query -W -f '${Version}' busybox-static) $(sha256sum < "$kubectl_bin")" ;;
+      *) echo "images.sh: unknown image '$image' (pause, busybox, kubectl)" >&2; exit 1 ;;
+    esac
+  done
+done

@@ -56,8 +56,12 @@ class NodeControlPlane(ControlPlane):
         self.ca.client("kube-apiserver-kubelet-client", ("system:masters",)).write(
             self.pki, "kubelet-client"
         )
+        # The harness disables ServiceAccount admission (no pod of its own runs);
+        # a pod on a real node gets its token the normal way, through TokenRequest.
+        no_sa = "--disable-admission-plugins=ServiceAccount"
+        argv = [a for a in super()._apiserver_argv() if a != no_sa]
         return [
-            *super()._apiserver_argv(),
+            *argv,
             f"--kubelet-client-certificate={self.pki / 'kubelet-client.crt'}",
             f"--kubelet-client-key={self.pki / 'kubelet-client.key'}",
         ]
@@ -121,6 +125,41 @@ spec:
       limits: {memory: 32Mi}
 """
 
+CLIENT = """
+apiVersion: v1
+kind: Pod
+metadata: {name: client}
+spec:
+  nodeName: %s
+  restartPolicy: Never
+  containers:
+  - name: client
+    image: localhost/headroom/kubectl:1
+    imagePullPolicy: Never
+    command:
+    - sh
+    - -c
+    - |
+      ls /var/run/secrets/kubernetes.io/serviceaccount
+      kubectl auth whoami -o jsonpath='{.status.userInfo.username}{"\\n"}'
+      kubectl get --raw /readyz; echo
+"""
+
+# What kube-controller-manager would have made (item 1): the namespace's default
+# ServiceAccount and the root CA ConfigMap that every projected token volume mounts.
+SA = """
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: default, namespace: default}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: kube-root-ca.crt, namespace: default}
+data:
+  ca.crt: |
+%s
+"""
+
 RBAC = """
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -152,6 +191,28 @@ def in_cluster_check(cp: ControlPlane) -> dict[str, str]:
     return {"url": url, "answer": (out.stdout + out.stderr).strip()}
 
 
+def in_cluster_client(cp: ControlPlane) -> dict[str, object]:
+    """A pod that is an in-cluster client: the project's kubectl with its mounted
+    ServiceAccount token, reaching the API server at the Service's ClusterIP."""
+    images = subprocess.run(
+        ["bash", str(HERE / "images.sh"), "kubectl"], check=True, capture_output=True, text=True
+    ).stdout.split()
+    subprocess.run(
+        ["ctr", "--address", "/run/headroom-node/containerd.sock", "-n", "k8s.io",
+         "images", "import", *images],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    t = time.monotonic()
+    kubectl(cp, "apply", "-f", "-", stdin=CLIENT % NODE)
+    took = wait("client pod done", lambda: pod_phase(cp, "client") in ("Succeeded", "Failed"), 60)
+    return {
+        "phase": pod_phase(cp, "client"),
+        "create -> done s": round(took, 2),
+        "logs": kubectl(cp, "logs", "client").strip().splitlines(),
+        "wall s": round(time.monotonic() - t, 2),
+    }
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -171,6 +232,8 @@ def main() -> int:
             cp.workdir / "kubelet.kubeconfig", f"system:node:{NODE}", ("system:nodes",)
         )
         kubectl(cp, "apply", "-f", "-", stdin=RBAC)
+        ca = (cp.pki / "ca.crt").read_text()
+        kubectl(cp, "apply", "-f", "-", stdin=SA % "\n".join("    " + x for x in ca.splitlines()))
         env = {
             **os.environ,
             "HEADROOM_NODE_CLIENT_CA": str(cp.pki / "ca.crt"),
@@ -207,6 +270,7 @@ def main() -> int:
         figures["pod logs"] = kubectl(cp, "logs", "hello").strip().splitlines()
         figures["pod ip"] = kubectl(cp, "get", "pod", "hello", "-o", "jsonpath={.status.podIP}")
         figures["in-cluster path"] = in_cluster_check(cp)
+        figures["in-cluster kubectl pod"] = in_cluster_client(cp)
         if keep:
             print(json.dumps(figures, indent=2), flush=True)
             print(f"export KUBECONFIG={cp.kubeconfig}  # Ctrl-C tears down", flush=True)
@@ -216,7 +280,7 @@ def main() -> int:
             except KeyboardInterrupt:
                 pass
         t = time.monotonic()
-        kubectl(cp, "delete", "pod", "hello", "--wait=true", "--timeout=60s")
+        kubectl(cp, "delete", "pod", "hello", "client", "--wait=true", "--timeout=60s")
         figures["pod delete s (kubectl delete --wait)"] = round(time.monotonic() - t, 2)
     finally:
         t = time.monotonic()
