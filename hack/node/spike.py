@@ -102,6 +102,11 @@ def pod_phase(cp: ControlPlane, name: str) -> str:
     return kubectl(cp, "get", "pod", name, "-o", "jsonpath={.status.phase}")
 
 
+def pod_ready(cp: ControlPlane, name: str) -> bool:
+    path = '{.status.conditions[?(@.type=="Ready")].status}'
+    return kubectl(cp, "get", "pod", name, "-o", f"jsonpath={path}") == "True"
+
+
 POD = """
 apiVersion: v1
 kind: Pod
@@ -119,7 +124,14 @@ spec:
     - |
       echo hello from $(hostname) $(ip -4 -o addr show eth0 | awk '{print $4}')
       head -1 /proc/self/cgroup
-      exec sleep 3600
+      echo ready > /tmp/index.html
+      exec httpd -f -p 8080 -h /tmp
+    readinessProbe:
+      httpGet: {path: /index.html, port: 8080}
+      periodSeconds: 1
+    livenessProbe:
+      exec: {command: [test, -f, /tmp/index.html]}
+      periodSeconds: 2
     resources:
       requests: {memory: 16Mi, cpu: 10m}
       limits: {memory: 32Mi}
@@ -265,6 +277,9 @@ def main() -> int:
         kubectl(cp, "apply", "-f", "-", stdin=POD % NODE)
         figures["pod Running s (create -> Running)"] = round(
             wait("pod Running", lambda: pod_phase(cp, "hello") == "Running", 120), 2
+        )
+        figures["pod Ready s (create -> readiness probe passed)"] = round(
+            time.monotonic() - t + wait("pod Ready", lambda: pod_ready(cp, "hello"), 60), 2
         )
         wait("pod logs", lambda: "hello" in kubectl(cp, "logs", "hello"), 30)
         figures["pod logs"] = kubectl(cp, "logs", "hello").strip().splitlines()
