@@ -14,11 +14,10 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pytest
 from kubernetes import client
 
 from headroom_dev import invariants
@@ -29,21 +28,6 @@ from headroom_dev.operator import OperatorProcess
 SIZE = int(os.environ.get("HEADROOM_CHAOS_SIZE", "800"))
 RESERVE_MB = 1024
 CONFIG = {"limits": {"maxEntriesPerNode": 100_000, "systemReserveMB": RESERVE_MB}}
-
-
-@pytest.fixture
-def seed() -> int:
-    value = int(os.environ.get("HEADROOM_CHAOS_SEED", random.randrange(2**32)))
-    print(f"chaos seed: {value} (replay with HEADROOM_CHAOS_SEED={value})")
-    return value
-
-
-@pytest.fixture
-def history(custom: client.CustomObjectsApi) -> Iterator[invariants.History]:
-    watcher = invariants.History(custom)
-    watcher.start()
-    yield watcher
-    watcher.stop()
 
 
 def make_nodes(make_node: Callable[..., Any], rng: random.Random, count: int = 20) -> list[str]:

@@ -11,16 +11,14 @@ left waiting). ``HEADROOM_CHAOS_SEED`` replays a run.
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pytest
 from kubernetes import client
 
 from headroom_dev import invariants
@@ -30,21 +28,6 @@ from headroom_dev.operator import OperatorProcess
 RESERVE_MB = 1024
 NODES, HOLDERS, WAITERS = 10, 4, 15  # a node's limit is 4 holders of 1024 MiB
 SIZES = [256, 512, 1024, 2048, 3000]
-
-
-@pytest.fixture
-def seed() -> int:
-    value = int(os.environ.get("HEADROOM_CHAOS_SEED", random.randrange(2**32)))
-    print(f"chaos seed: {value} (replay with HEADROOM_CHAOS_SEED={value})")
-    return value
-
-
-@pytest.fixture
-def history(custom: client.CustomObjectsApi) -> Iterator[invariants.History]:
-    watcher = invariants.History(custom)
-    watcher.start()
-    yield watcher
-    watcher.stop()
 
 
 def in_parallel(work: Callable[[Any], Any], items: list[Any]) -> None:
