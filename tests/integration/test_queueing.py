@@ -171,6 +171,12 @@ def test_a_queue_survives_a_restart_and_empties_in_order(
         for i in range(4):
             queued(custom, namespace, f"w{i}-{node}")
     operator.kill()
+    # Creation order is creationTimestamp (whole seconds), then name: "late-…" would
+    # sort before "w…" within the same second, so it is created in a later one.
+    newest = max(o["metadata"]["creationTimestamp"] for o in rsv.list_all(custom, namespace))
+    next_second = datetime.strptime(newest, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    while datetime.now(UTC) < next_second + timedelta(seconds=1):
+        time.sleep(0.05)
     for node in nodes:  # room for all four, while the operator is down; one more waits
         rsv.delete(custom, namespace, f"hold-{node}")
         rsv.create(custom, namespace, f"late-{node}", node, 1024, wait="5m")
