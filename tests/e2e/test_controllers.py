@@ -93,7 +93,9 @@ def test_the_garbage_collector_deletes_a_node_headroom_with_its_node(
     def collected() -> None:
         assert read_node_headroom(custom, node) is None
 
-    eventually(collected, timeout=60)
+    # The collector notices a new resource type (the CRD installed after it
+    # started) at its 30 s discovery resync, then deletes the orphan.
+    eventually(collected, timeout=90)
 
 
 def test_service_accounts_get_tokens_that_the_api_server_accepts(
@@ -156,7 +158,7 @@ def test_service_accounts_get_tokens_that_the_api_server_accepts(
         conditions = [(c.type, c.status, c.message) for c in left.status.conditions or []]
         raise AssertionError(f"{namespace} still {left.status.phase}: {conditions}")
 
-    eventually(namespace_gone, timeout=60)
+    eventually(namespace_gone, timeout=90)
 
 
 def test_a_deployment_becomes_a_pod_that_the_scheduler_places(
