@@ -36,7 +36,9 @@ DEFAULT_CONTROLLERS = (
     "replicaset-controller",
 )
 """Not ``*``: the node-lifecycle controller would taint the kubelet-less Nodes that
-tests create as unreachable, and most others have nothing to do here."""
+tests create as unreachable, and most others have nothing to do here. A plane with
+a real kubelet wants it added (it also lifts the not-ready taint that every new
+Node gets, without which kube-scheduler places nothing there)."""
 
 
 class Controllers:

@@ -27,7 +27,7 @@ import yaml
 
 from headroom.kube.client import Credentials
 from headroom_dev.certs import CertificateAuthority, KeyPair, service_account_key_pem
-from headroom_dev.controllers import Controllers
+from headroom_dev.controllers import DEFAULT_CONTROLLERS, Controllers
 from headroom_dev.process import (
     DEFAULT_BIN_DIR,
     Child,
@@ -50,13 +50,19 @@ __all__ = [
 
 class ControlPlane:
     """etcd + kube-apiserver on free loopback ports, with an admin kubeconfig;
-    with ``controllers=True`` also kube-controller-manager and kube-scheduler.
+    with ``controllers=True`` also kube-controller-manager (running
+    :data:`~headroom_dev.controllers.DEFAULT_CONTROLLERS`, or the controllers
+    named instead of ``True``) and kube-scheduler.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(
-        self, workdir: Path | None = None, *, fsync: bool = False, controllers: bool = False
+        self,
+        workdir: Path | None = None,
+        *,
+        fsync: bool = False,
+        controllers: bool | tuple[str, ...] = False,
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="headroom-cp-")) if workdir is None else workdir
@@ -73,7 +79,8 @@ class ControlPlane:
         self.kubeconfig = self.write_kubeconfig(
             self.workdir / "admin.kubeconfig", "admin", ("system:masters",)
         )
-        self.controllers = Controllers(self) if controllers else None
+        names = DEFAULT_CONTROLLERS if controllers is True else controllers or ()
+        self.controllers = Controllers(self, names) if names else None
         self.etcd = Child("etcd", self._etcd_argv(), self.workdir / "etcd.log")
         self.apiserver = Child(
             "kube-apiserver", self._apiserver_argv(), self.workdir / "kube-apiserver.log"

@@ -153,3 +153,15 @@ def test_a_missing_controller_binary_fails_loudly_and_cleans_up(
         plane.start()
     assert not plane.workdir.exists()
     assert not plane.apiserver.running
+
+
+def test_the_controllers_run_are_the_ones_named() -> None:
+    named = ("garbage-collector-controller", "node-lifecycle-controller")
+    plane = ControlPlane(controllers=named)
+    try:
+        assert plane.controllers is not None
+        argv = plane.controllers._controller_manager_argv()
+        assert f"--controllers={','.join(named)}" in argv
+        assert ControlPlane(plane.workdir / "x", controllers=()).controllers is None
+    finally:
+        plane.stop()
