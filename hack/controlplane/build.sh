@@ -50,6 +50,15 @@ build() {
 }
 
 kube_version="$(cd "$here/kubernetes" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+if (( ${#extras[@]} )); then
+  # Same pin or nothing: a controller-manager from another release than the
+  # apiserver it talks to would test a skew nobody asked for.
+  ctl_version="$(cd "$here/kubernetes-controllers" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  if [[ "$ctl_version" != "$kube_version" ]]; then
+    echo "build.sh: kubernetes-controllers pins k8s.io/kubernetes $ctl_version but kubernetes pins $kube_version" >&2
+    exit 1
+  fi
+fi
 kube_major="${kube_version#v}"; kube_major="${kube_major%%.*}"
 kube_minor="${kube_version#v*.}"; kube_minor="${kube_minor%%.*}"
 kube_stamp=()
@@ -67,13 +76,6 @@ build helm helm helm.sh/helm/v4/cmd/helm helm.sh/helm/v4 \
   "helm.sh/helm/v4/internal/version.version=$helm_version"
 
 if (( ${#extras[@]} )); then
-  # Same pin or nothing: a controller-manager from another release than the
-  # apiserver it talks to would test a skew nobody asked for.
-  ctl_version="$(cd "$here/kubernetes-controllers" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
-  if [[ "$ctl_version" != "$kube_version" ]]; then
-    echo "build.sh: kubernetes-controllers pins k8s.io/kubernetes $ctl_version but kubernetes pins $kube_version" >&2
-    exit 1
-  fi
   for name in "${extras[@]}"; do
     build kubernetes-controllers "$name" "k8s.io/kubernetes/cmd/$name" k8s.io/kubernetes "${kube_stamp[@]}"
   done
