@@ -29,6 +29,10 @@ venv: $(STAMP) ## Create the virtualenv with the operator and its dev tools.
 controlplane: ## Build (or reuse) kube-apiserver, kubectl, etcd and helm from their Go modules.
 	bash hack/controlplane/build.sh
 
+.PHONY: controllers
+controllers: ## Also build kube-controller-manager and kube-scheduler (the tests that need a garbage collector).
+	bash hack/controlplane/build.sh kube-controller-manager kube-scheduler
+
 .PHONY: generate
 generate: venv controlplane ## Regenerate crds/ and the chart CRDs from the models, manifests/ from the chart.
 	$(PY) hack/generate.py
@@ -49,7 +53,7 @@ test-unit: venv ## Fast tests of the pure code; no cluster.
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv controlplane verify ## Install what is missing, then run every test (unit, integration, e2e).
+test: venv controlplane controllers verify ## Install what is missing, then run every test (unit, integration, e2e).
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
 
 .PHONY: sim

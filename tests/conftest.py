@@ -34,6 +34,17 @@ def control_plane() -> Iterator[ControlPlane]:
 
 
 @pytest.fixture(scope="session")
+def controllers_plane() -> Iterator[ControlPlane]:
+    """A separate control plane that also runs kube-controller-manager and
+    kube-scheduler (garbage collector, ServiceAccounts and their tokens, namespace
+    deletion, Deployments), for the tests that need them; the fast API-only
+    ``control_plane`` stays what the rest use. Started on first use, once per
+    session. Missing binaries fail these tests: ``make controllers`` builds them."""
+    with ControlPlane(controllers=True) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="session")
 def api_client(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
     api = api_client_for(control_plane.kubeconfig)
     yield api

@@ -2,11 +2,24 @@
 # Build the control-plane binaries (kube-apiserver, kubectl, etcd, helm) from the
 # pinned wrapper modules beside this script, into a cache outside git.
 #
+# Usage: build.sh [kube-controller-manager] [kube-scheduler]
+# The named extras are built too, only when asked for (`make controllers`), so
+# the default path (`make dev`) does not pay for them. They come from
+# kubernetes-controllers/, pinned to the same k8s.io/kubernetes as kubernetes/.
+#
 # Each binary lands in $HEADROOM_CACHE/bin/<name>-<version>-<pin hash>/ and is
 # reused while its wrapper module's go.mod/go.sum are unchanged; a new pin builds
 # a new directory. $HEADROOM_CACHE/bin/current/<name> links the one in use.
 # There is no fallback: a missing toolchain or a failed build exits non-zero.
 set -euo pipefail
+
+extras=()
+for arg in "$@"; do
+  case "$arg" in
+    kube-controller-manager|kube-scheduler) extras+=("$arg") ;;
+    *) echo "build.sh: unknown binary '$arg' (known extras: kube-controller-manager kube-scheduler)" >&2; exit 2 ;;
+  esac
+done
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${HEADROOM_CACHE:-$HOME/.cache/headroom}"
@@ -37,6 +50,15 @@ build() {
 }
 
 kube_version="$(cd "$here/kubernetes" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+if (( ${#extras[@]} )); then
+  # Same pin or nothing: a controller-manager from another release than the
+  # apiserver it talks to would test a skew nobody asked for.
+  ctl_version="$(cd "$here/kubernetes-controllers" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  if [[ "$ctl_version" != "$kube_version" ]]; then
+    echo "build.sh: kubernetes-controllers pins k8s.io/kubernetes $ctl_version but kubernetes pins $kube_version" >&2
+    exit 1
+  fi
+fi
 kube_major="${kube_version#v}"; kube_major="${kube_major%%.*}"
 kube_minor="${kube_version#v*.}"; kube_minor="${kube_minor%%.*}"
 kube_stamp=()
@@ -52,5 +74,11 @@ build etcd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
 helm_version="$(cd "$here/helm" && go list -m -f '{{.Version}}' helm.sh/helm/v4)"
 build helm helm helm.sh/helm/v4/cmd/helm helm.sh/helm/v4 \
   "helm.sh/helm/v4/internal/version.version=$helm_version"
+
+if (( ${#extras[@]} )); then
+  for name in "${extras[@]}"; do
+    build kubernetes-controllers "$name" "k8s.io/kubernetes/cmd/$name" k8s.io/kubernetes "${kube_stamp[@]}"
+  done
+fi
 
 echo "$current"

@@ -1,30 +1,25 @@
-"""Start and stop a real kube-apiserver + etcd on loopback.
+"""Start and stop a real kube-apiserver + etcd on loopback, and on request the controllers.
 
 This follows controller-runtime's envtest (``pkg/internal/testing/controlplane``):
 the same two binaries a cluster runs, with a generated CA, client-certificate
 authentication and RBAC authorization, so that schema validation, the status
 subresource, CEL rules, RBAC and watches behave exactly as in production.
-There is no controller-manager, so the ServiceAccount admission plugin is off and
-no garbage collector runs.
+By default there is no controller-manager, so the ServiceAccount admission plugin
+is off and no garbage collector runs. ``ControlPlane(controllers=True)`` also
+starts kube-controller-manager and kube-scheduler (:mod:`headroom_dev.controllers`)
+and turns that admission plugin on, as a cluster has it.
 
 Children get ``PR_SET_PDEATHSIG`` so that a killed test run cannot leave an
-apiserver or etcd behind, and :meth:`ControlPlane.stop` removes every temp dir.
+apiserver, etcd or controller behind, and :meth:`ControlPlane.stop` removes every
+temp dir.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import http.client
-import os
 import shutil
-import signal
-import socket
 import ssl
-import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -32,90 +27,43 @@ import yaml
 
 from headroom.kube.client import Credentials
 from headroom_dev.certs import CertificateAuthority, KeyPair, service_account_key_pem
+from headroom_dev.controllers import DEFAULT_CONTROLLERS, Controllers
+from headroom_dev.process import (
+    DEFAULT_BIN_DIR,
+    Child,
+    ControlPlaneError,
+    bin_dir,
+    binary,
+    free_port,
+    https_get,
+)
 
-DEFAULT_BIN_DIR = Path.home() / ".cache" / "headroom" / "bin" / "current"
-_PR_SET_PDEATHSIG = 1
-
-
-class ControlPlaneError(RuntimeError):
-    """The control plane could not be started; the message says why and where the logs are."""
-
-
-def bin_dir() -> Path:
-    """Where ``hack/controlplane/build.sh`` put the binaries (``$HEADROOM_BIN_DIR`` overrides)."""
-    return Path(os.environ.get("HEADROOM_BIN_DIR", DEFAULT_BIN_DIR))
-
-
-def binary(name: str) -> Path:
-    """Path of a built binary; a loud error if it is missing."""
-    path = bin_dir() / name
-    if not os.access(path, os.X_OK):
-        raise ControlPlaneError(
-            f"{name} not found at {path}: run `make controlplane` (hack/controlplane/build.sh)"
-        )
-    return path
-
-
-def free_port() -> int:
-    """A loopback TCP port that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class _Process:
-    """One child process with its log file."""
-
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
-        self.name, self.argv, self.log = name, argv, log
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(
-                self.argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
-            )
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        self.popen = None
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+__all__ = [
+    "DEFAULT_BIN_DIR",
+    "ControlPlane",
+    "ControlPlaneError",
+    "bin_dir",
+    "binary",
+    "free_port",
+]
 
 
 class ControlPlane:
-    """etcd + kube-apiserver on free loopback ports, with an admin kubeconfig.
+    """etcd + kube-apiserver on free loopback ports, with an admin kubeconfig;
+    with ``controllers=True`` also kube-controller-manager (running
+    :data:`~headroom_dev.controllers.DEFAULT_CONTROLLERS`, or the controllers
+    named instead of ``True``) and kube-scheduler.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
-    def __init__(self, workdir: Path | None = None, *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        *,
+        fsync: bool = False,
+        controllers: bool | tuple[str, ...] = False,
+    ) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="headroom-cp-")) if workdir is None else workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -131,8 +79,10 @@ class ControlPlane:
         self.kubeconfig = self.write_kubeconfig(
             self.workdir / "admin.kubeconfig", "admin", ("system:masters",)
         )
-        self.etcd = _Process("etcd", self._etcd_argv(), self.workdir / "etcd.log")
-        self.apiserver = _Process(
+        names = DEFAULT_CONTROLLERS if controllers is True else controllers or ()
+        self.controllers = Controllers(self, names) if names else None
+        self.etcd = Child("etcd", self._etcd_argv(), self.workdir / "etcd.log")
+        self.apiserver = Child(
             "kube-apiserver", self._apiserver_argv(), self.workdir / "kube-apiserver.log"
         )
 
@@ -142,13 +92,17 @@ class ControlPlane:
         try:
             self.start_etcd(timeout)
             self.start_apiserver(timeout)
+            if self.controllers is not None:
+                self.controllers.start(timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        """Stop both processes and remove the work directory. Safe to call twice."""
+        """Stop every process and remove the work directory. Safe to call twice."""
+        if self.controllers is not None:
+            self.controllers.stop()
         self.apiserver.stop()
         self.etcd.stop()
         if self._own_workdir:
@@ -167,14 +121,14 @@ class ControlPlane:
 
     def start_etcd(self, timeout: float = 60.0) -> None:
         self.etcd.start()
-        self._wait(self.etcd, self._etcd_ready, timeout)
+        self.etcd.wait_until(self._etcd_ready, timeout)
 
     def stop_etcd(self) -> None:
         self.etcd.stop()
 
     def start_apiserver(self, timeout: float = 60.0) -> None:
         self.apiserver.start()
-        self._wait(self.apiserver, self._apiserver_ready, timeout)
+        self.apiserver.wait_until(self._apiserver_ready, timeout)
 
     def stop_apiserver(self) -> None:
         self.apiserver.stop()
@@ -260,7 +214,7 @@ class ControlPlane:
 
     def _apiserver_argv(self) -> list[str]:
         pki = self.pki
-        return [
+        argv = [
             str(binary("kube-apiserver")),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             f"--cert-dir={pki}",
@@ -275,25 +229,14 @@ class ControlPlane:
             "--service-account-issuer=https://localhost",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
         ]
-
-    def _wait(self, proc: _Process, ready: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not proc.running:
-                raise ControlPlaneError(
-                    f"{proc.name} exited while starting; its log ({proc.log}) ends:\n{proc.tail()}"
-                )
-            with contextlib.suppress(OSError, http.client.HTTPException, ssl.SSLError):
-                if ready():
-                    return
-            time.sleep(0.1)
-        raise ControlPlaneError(
-            f"{proc.name} not ready after {timeout:.0f}s; its log ({proc.log}) ends:\n{proc.tail()}"
-        )
+        if self.controllers is None:
+            # It needs each namespace's default ServiceAccount, which only the
+            # controller-manager creates.
+            argv.append("--disable-admission-plugins=ServiceAccount")
+        return argv
 
     def _etcd_ready(self) -> bool:
         conn = http.client.HTTPConnection("127.0.0.1", self.etcd_port, timeout=2)
@@ -311,15 +254,7 @@ class ControlPlane:
 
     def get(self, path: str) -> tuple[int, bytes]:
         """A raw admin GET against the API server (readiness, version)."""
-        conn = http.client.HTTPSConnection(
-            "127.0.0.1", self.apiserver_port, context=self.ssl_context(), timeout=5
-        )
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
+        return https_get(self.apiserver_port, path, self.ssl_context())
 
     def _apiserver_ready(self) -> bool:
         status, _ = self.get("/readyz")

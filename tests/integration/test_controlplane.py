@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from headroom_dev.apply import api_client
-from headroom_dev.controlplane import ControlPlane
+from headroom_dev.controlplane import ControlPlane, ControlPlaneError, binary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,3 +123,45 @@ def test_teardown_after_a_failing_body_still_cleans_up() -> None:
     assert isinstance(pid, int)
     assert not workdir.exists()
     assert gone(pid)
+
+
+def test_controllers_are_opt_in_and_stop_with_the_plane() -> None:
+    plane = ControlPlane(controllers=True).start()
+    assert plane.controllers is not None
+    children = (plane.etcd, plane.apiserver, *plane.controllers.children)
+    pids = [p.popen.pid for p in children if p.popen]
+    workdir = plane.workdir
+    assert len(pids) == 4
+    assert all(psutil.pid_exists(pid) for pid in pids)
+    plane.stop()
+    assert not workdir.exists()
+    for pid in pids:
+        assert gone(pid), f"process {pid} still runs: {psutil.Process(pid).cmdline()}"
+    assert ControlPlane().controllers is None  # the default stays API-only
+
+
+def test_a_missing_controller_binary_fails_loudly_and_cleans_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("etcd", "kube-apiserver"):  # everything but the controllers
+        (tmp_path / name).symlink_to(binary(name))
+    monkeypatch.setenv("HEADROOM_BIN_DIR", str(tmp_path))
+    plane = ControlPlane(controllers=True)
+    with pytest.raises(
+        ControlPlaneError, match=r"kube-controller-manager not found.*make controllers"
+    ):
+        plane.start()
+    assert not plane.workdir.exists()
+    assert not plane.apiserver.running
+
+
+def test_the_controllers_run_are_the_ones_named() -> None:
+    named = ("garbage-collector-controller", "node-lifecycle-controller")
+    plane = ControlPlane(controllers=named)
+    try:
+        assert plane.controllers is not None
+        argv = plane.controllers._controller_manager_argv()
+        assert f"--controllers={','.join(named)}" in argv
+        assert ControlPlane(plane.workdir / "x", controllers=()).controllers is None
+    finally:
+        plane.stop()
