@@ -149,6 +149,23 @@ def headroom_matches(
     return mismatches
 
 
+def after_the_run(
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+    reserve_mb: int,
+    nodes: list[str],
+    history: History,
+) -> list[str]:
+    """Every invariant at the end of a chaos run: the static ones, the history's and
+    NodeHeadroom's recount."""
+    time.sleep(1.0)  # let the history watch catch the last writes
+    violations = check(custom, core, namespace, reserve_mb, nodes)
+    violations += history.violations()
+    violations += headroom_matches(custom, namespace, nodes)
+    return violations
+
+
 def strict_fifo(
     custom: client.CustomObjectsApi,
     core: client.CoreV1Api,

@@ -70,10 +70,7 @@ def assert_invariants(
     history: invariants.History,
     seed: int,
 ) -> None:
-    time.sleep(1.0)  # let the history watch catch the last writes
-    violations = invariants.check(custom, core, namespace, RESERVE_MB, nodes)
-    violations += history.violations()
-    violations += invariants.headroom_matches(custom, namespace, nodes)
+    violations = invariants.after_the_run(custom, core, namespace, RESERVE_MB, nodes, history)
     assert violations == [], f"seed {seed}: {len(violations)} violations: {violations[:10]}"
 
 

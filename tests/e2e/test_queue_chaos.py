@@ -133,13 +133,10 @@ def test_r6_queues_drain_in_strict_order_through_bursts_and_failovers(
     killer.join()
     assert (found := still(custom, core, namespace, nodes, seed)) == [], found
 
-    time.sleep(1.0)  # let the history watch catch the last writes
+    violations = invariants.after_the_run(custom, core, namespace, RESERVE_MB, nodes, history)
     left = phases(custom, namespace)
     print(
         f"R6: {sum(p == 'Admitted' for p in left.values())} admitted, "
         f"{sum(p == 'Queued' for p in left.values())} still queued after two bursts"
     )
-    violations = invariants.check(custom, core, namespace, RESERVE_MB, nodes)
-    violations += history.violations()
-    violations += invariants.headroom_matches(custom, namespace, nodes)
     assert violations == [], f"seed {seed}: {len(violations)} violations: {violations[:10]}"
