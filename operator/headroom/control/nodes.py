@@ -11,7 +11,6 @@ from a list is read before it is treated as deleted.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -20,6 +19,7 @@ from headroom.api.config import OperatorConfig
 from headroom.api.paths import NODES, node_path
 from headroom.api.refs import ObjectRef
 from headroom.control.state import State
+from headroom.control.tasks import BackgroundTasks
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
@@ -45,7 +45,7 @@ class Nodes:
         self._clock, self._config = clock, config
         self._delete_summary, self._changed = delete_summary, changed
         self._bad_values: dict[str, list[str]] = {}  # one Event per node and set of problems
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
 
     def on_node(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
         """A Node from the watch (``listed_at`` None) or from a snapshot taken at ``listed_at``."""
@@ -69,7 +69,7 @@ class Nodes:
             state.node_labels.pop(name, None)
             state.ledger.remove_node(name)
             self._bad_values.pop(name, None)
-            self._spawn(self._delete_summary(name))
+            self._tasks.spawn(self._delete_summary(name))
             self._changed()
             return
         state.node_uids[name] = meta.get("uid", "")
@@ -120,14 +120,5 @@ class Nodes:
             return  # the next resync asks again
         self.on_node(None, node, listed_at=asked)
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def stop(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=2.0)
+        await self._tasks.stop()

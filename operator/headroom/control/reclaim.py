@@ -27,7 +27,7 @@ import contextlib
 import heapq
 import logging
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,6 +36,7 @@ from headroom.api.parse import InvalidValueError
 from headroom.api.paths import pod_path, reservation_path
 from headroom.api.reasons import Phase, Reason
 from headroom.control.state import POD, RESERVATION, Record, State
+from headroom.control.tasks import BackgroundTasks
 from headroom.control.telemetry import Telemetry
 from headroom.control.writer import StatusWriter
 from headroom.kube.backoff import Backoff
@@ -73,7 +74,7 @@ class Reclaimer:
         self._planned: datetime | None = None
         self._deletions: list[tuple[datetime, str, str, str]] = []  # (when, ns, name, uid)
         self._checking: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
 
     # -- the sweeper -------------------------------------------------------------------------
 
@@ -118,13 +119,13 @@ class Reclaimer:
                 state.ledger.postpone(due.entry.id, now + _RECHECK)
             elif record.uid not in self._checking:
                 self._checking.add(record.uid)
-                self._spawn(self._confirm_silence(record, due.message))
+                self._tasks.spawn(self._confirm_silence(record, due.message))
         deadline = state.ledger.waiting.next_deadline()
         if deadline is not None and deadline <= now:
             self._wake_admission()  # a wait ran out: the decider refuses it
         while self._deletions and self._deletions[0][0] <= now:
             _, namespace, name, uid = heapq.heappop(self._deletions)
-            self._spawn(self._delete(namespace, name, uid))
+            self._tasks.spawn(self._delete(namespace, name, uid))
         state.dirty_nodes.update(state.ledger.nodes())  # stale counts change with time
 
     async def _confirm_silence(self, record: Record, message: str) -> None:
@@ -247,14 +248,5 @@ class Reclaimer:
             await asyncio.sleep(backoff.next())
         log.warning("reclaimed %s/%s not deleted; the next start tries again", namespace, name)
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def stop(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=2.0)
+        await self._tasks.stop()
