@@ -112,15 +112,18 @@ class CertificateAuthority:
         cert = builder.sign(self._key, hashes.SHA256())
         return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
-    def serving(self, common_name: str = "kube-apiserver") -> KeyPair:
-        """A server certificate valid for 127.0.0.1 and localhost."""
+    def serving(
+        self,
+        common_name: str = "kube-apiserver",
+        ips: tuple[str, ...] = (),
+        names: tuple[str, ...] = (),
+    ) -> KeyPair:
+        """A server certificate valid for 127.0.0.1 and localhost, and ``ips``/``names``."""
         return self._sign(
             x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]),
             ExtendedKeyUsageOID.SERVER_AUTH,
-            [
-                x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                x509.DNSName("localhost"),
-            ],
+            [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", *ips)]
+            + [x509.DNSName(name) for name in ("localhost", *names)],
         )
 
     def client(self, user: str, groups: tuple[str, ...] = ()) -> KeyPair:

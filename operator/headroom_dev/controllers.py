@@ -40,6 +40,14 @@ tests create as unreachable, and most others have nothing to do here. A plane wi
 a real kubelet wants it added (it also lifts the not-ready taint that every new
 Node gets, without which kube-scheduler places nothing there)."""
 
+NODE_CONTROLLERS = (
+    *DEFAULT_CONTROLLERS,
+    "node-lifecycle-controller",
+    "job-controller",
+)
+"""For a plane with a real kubelet (:mod:`headroom_dev.kubelet`): the node-lifecycle
+controller lifts the not-ready taint once the kubelet reports Ready, and Jobs run."""
+
 
 class Controllers:
     """kube-controller-manager + kube-scheduler for one control plane."""

@@ -48,6 +48,12 @@ __all__ = [
 ]
 
 
+SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_IP = "10.0.0.1"
+"""The `kubernetes` Service's ClusterIP: the first address of the service range."""
+IN_CLUSTER_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc")
+
+
 class ControlPlane:
     """etcd + kube-apiserver on free loopback ports, with an admin kubeconfig;
     with ``controllers=True`` also kube-controller-manager (running
@@ -186,7 +192,15 @@ class ControlPlane:
 
     def _write_pki(self) -> None:
         (self.pki / "ca.crt").write_bytes(self.ca.cert_pem)
-        self.ca.serving().write(self.pki, "apiserver")
+        # Pods on a real node (headroom_dev.node) reach the API server the in-cluster
+        # way, at the `kubernetes` Service's ClusterIP and names; harmless without one.
+        self.ca.serving("kube-apiserver", (SERVICE_IP,), IN_CLUSTER_NAMES).write(
+            self.pki, "apiserver"
+        )
+        # The API server's identity towards kubelets (logs, exec, port-forward).
+        self.ca.client("kube-apiserver-kubelet-client", ("system:masters",)).write(
+            self.pki, "kubelet-client"
+        )
         self.ca.client("admin", ("system:masters",)).write(self.pki, "admin")
         private, public = service_account_key_pem()
         (self.pki / "sa.key").write_bytes(private)
@@ -225,12 +239,14 @@ class ControlPlane:
             f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             "--authorization-mode=RBAC",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--service-account-issuer=https://localhost",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
+            f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'kubelet-client.key'}",
         ]
         if self.controllers is None:
             # It needs each namespace's default ServiceAccount, which only the

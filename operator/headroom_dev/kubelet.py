@@ -1,0 +1,197 @@
+"""A real node beside a :class:`~headroom_dev.controlplane.ControlPlane`: containerd + kubelet.
+
+The operator has to be tested the way users run it: as a pod from the chart's
+image, scheduled onto a node whose kubelet runs it, next to workload pods. There
+is no Docker engine here, so no kind; ``hack/node/node.sh`` starts Debian's
+containerd and runc, the CNI bridge plugin and a kubelet built from its Go module
+(``hack/node/build.sh``), and this class drives it from Python: the node's
+identity and RBAC, ``node.sh up``, the Node turning Ready, importing images, and
+``node.sh down`` (which also cleans up after a crashed run). Why each odd setting
+is there: docs/real-node.md.
+
+The plane must run the controllers a node needs
+(:data:`~headroom_dev.controllers.NODE_CONTROLLERS`): the node-lifecycle controller
+lifts the not-ready taint every new Node gets, the job controller runs Jobs.
+One node per machine (the bridge, the CRI's netns names and containerd 1.6's
+``/run/containerd`` are machine-wide), and it needs root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from headroom_dev.process import ControlPlaneError, binary
+
+if TYPE_CHECKING:
+    from headroom_dev.controlplane import ControlPlane
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_SH = REPO / "hack" / "node" / "node.sh"
+BUILD = "make node"
+CONTAINERD_SOCKET = "/run/headroom-node/containerd.sock"
+NODE_LOG_DIR = "/var/lib/headroom-node/log"
+
+NODE_RBAC = {
+    # The built-in role for kubelets, bound to their group. No Node authorizer or
+    # NodeRestriction here: the harness's API server authorizes with RBAC alone.
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "ClusterRoleBinding",
+    "metadata": {"name": "headroom-dev:nodes"},
+    "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "system:node",
+    },
+    "subjects": [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}
+    ],
+}
+
+
+class NodeError(ControlPlaneError):
+    """The node could not be started or stopped; the message says why."""
+
+
+class KubeletNode:
+    """containerd + the kubelet on this machine, registered with ``plane`` as a Node.
+
+    Named after the machine's hostname: the API server reaches a kubelet (logs,
+    exec) by the Node's Hostname address, which resolves to 127.0.0.1 here, where
+    the kubelet listens. Use as a context manager, or :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(self, plane: ControlPlane, name: str | None = None) -> None:
+        self.plane = plane
+        self.name = name or socket.gethostname()
+        self.ready_seconds: float | None = None
+        self.started = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> KubeletNode:
+        if os.geteuid() != 0:
+            raise NodeError("a real node needs root (containerd, runc, the CNI bridge, iptables)")
+        kubelet = binary("kubelet", BUILD)
+        kubeconfig = self.plane.write_kubeconfig(
+            self.plane.workdir / "kubelet.kubeconfig", f"system:node:{self.name}", ("system:nodes",)
+        )
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(NODE_RBAC))
+        env = {
+            **os.environ,
+            "HEADROOM_NODE_KUBELET": str(kubelet),
+            # The API server presents kubelet-client.crt from this CA (logs, exec).
+            "HEADROOM_NODE_CLIENT_CA": str(self.plane.pki / "ca.crt"),
+            # Pods reach the API server at the `kubernetes` Service's ClusterIP.
+            "HEADROOM_NODE_APISERVER_PORT": str(self.plane.apiserver_port),
+        }
+        began = time.monotonic()
+        self.started = True  # from here on, stop() has something to clean
+        try:
+            self._node_sh("up", str(kubeconfig), self.name, env=env, timeout=timeout)
+            self._wait(self.ready, began + timeout, "Ready")
+        except BaseException:
+            self.stop()
+            raise
+        self.ready_seconds = time.monotonic() - began
+        return self
+
+    def stop(self) -> None:
+        """Stop the kubelet and containerd and clean everything up. Safe to call twice."""
+        if self.started:
+            self._node_sh("down", timeout=180)
+            self.started = False
+
+    def __enter__(self) -> KubeletNode:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- what tests do with it -------------------------------------------------------
+
+    def import_image(self, archive: Path) -> None:
+        """Import an OCI archive into the node's containerd (there is no registry)."""
+        self._run(
+            [
+                "ctr",
+                "--address",
+                CONTAINERD_SOCKET,
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                str(archive),
+            ],
+            timeout=300,
+        )
+
+    def ready(self) -> bool:
+        status, body = self.plane.get(f"/api/v1/nodes/{self.name}")
+        if status != 200:
+            return False
+        node = json.loads(body)
+        conditions = node.get("status", {}).get("conditions", [])
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        # The not-ready taint goes when the node-lifecycle controller sees Ready;
+        # before that the scheduler places nothing here.
+        tainted = any(
+            t.get("key") == "node.kubernetes.io/not-ready" for t in node["spec"].get("taints", [])
+        )
+        return ready and not tainted
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60) -> str:
+        return self._run(
+            [str(binary("kubectl")), f"--kubeconfig={self.plane.kubeconfig}", *args],
+            stdin=stdin,
+            timeout=timeout,
+        )
+
+    # -- internals -------------------------------------------------------------------
+
+    def _node_sh(self, *args: str, env: dict[str, str] | None = None, timeout: float) -> str:
+        return self._run(["bash", str(NODE_SH), *args], env=env, timeout=timeout)
+
+    @staticmethod
+    def _run(
+        argv: list[str],
+        *,
+        stdin: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float,
+    ) -> str:
+        try:
+            done = subprocess.run(
+                argv, input=stdin, env=env, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as error:
+            raise NodeError(f"{' '.join(argv[:3])} ...: no answer after {timeout:.0f}s") from error
+        if done.returncode != 0:
+            raise NodeError(
+                f"{' '.join(argv[:3])} ... exited {done.returncode}:\n{done.stderr[-3000:]}"
+            )
+        return done.stdout
+
+    def _wait(self, check: Callable[[], bool], deadline: float, what: str) -> None:
+        while time.monotonic() < deadline:
+            try:
+                if check():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise NodeError(
+            f"Node {self.name} not {what} in time; the kubelet's log: {NODE_LOG_DIR}/kubelet.log"
+        )
