@@ -1,5 +1,5 @@
 // Wrapper module that builds the kubelet at a pinned version, for the real-node
-// spike (docs/real-node-spike.md).
+// spike (docs/real-node.md).
 //
 // Separate from ../kubernetes because the kubelet is pinned one minor below the
 // API server: v1.35 is the last kubelet that runs on cgroup v1 (with
