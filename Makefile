@@ -33,6 +33,10 @@ controlplane: ## Build (or reuse) kube-apiserver, kubectl, etcd and helm from th
 controllers: ## Also build kube-controller-manager and kube-scheduler (the tests that need a garbage collector).
 	bash hack/controlplane/build.sh kube-controller-manager kube-scheduler
 
+.PHONY: image
+image: ## Build the operator's OCI image without a Docker engine (cached).
+	bash hack/image/build.sh
+
 .PHONY: generate
 generate: venv controlplane ## Regenerate crds/ and the chart CRDs from the models, manifests/ from the chart.
 	$(PY) hack/generate.py
