@@ -8,6 +8,7 @@ sufficient; removing one rule breaks it, which proves that rule is necessary.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -21,6 +22,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from headroom.cli import _parser
 from headroom_dev import reservations as rsv
 from headroom_dev.apply import api_client
 from headroom_dev.controlplane import ControlPlane, binary
@@ -403,3 +405,18 @@ def test_r4_no_path_forges_an_admission(
     assert status["decisionStamp"] != forged["decisionStamp"]
     reasons = {e.reason for e in core.list_namespaced_event(namespace).items}
     assert "UntrustedStatus" in reasons
+
+
+def test_the_container_runs_the_images_entrypoint_with_the_charts_args() -> None:
+    """What the kubelet runs is the Dockerfile's ENTRYPOINT followed by the chart's args;
+    together they must be one valid command (a `run` in both was `headroom run run`)."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    entrypoint = re.search(r"^ENTRYPOINT (.+)$", dockerfile, re.MULTILINE)
+    assert entrypoint
+    (deployment,) = [d for d in render() if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "command" not in container  # the image's ENTRYPOINT stays
+    program, *argv = json.loads(entrypoint.group(1)) + container["args"]
+    assert program == "headroom"
+    args = _parser("headroom", with_run=True).parse_args(argv)  # SystemExit(2) if not
+    assert args.config == "/etc/headroom/config.yaml"
