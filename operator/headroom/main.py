@@ -38,7 +38,18 @@ def load_config(path: str | None) -> OperatorConfig:
     return parse_config(text, path)
 
 
-def _elector(config: OperatorConfig, client: KubeClient, clock: Clock) -> LeaderElector | None:
+def _identity() -> str:
+    """This process, for the Lease and for kopf. The pid is 1 in most containers: a
+    restarted container must not find itself already holding the Lease it held
+    before. Given to kopf too, whose own guess asks the password database for the
+    user name, which a non-root uid without a passwd entry (the image's 65532)
+    does not have: KeyError at start-up."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def _elector(
+    config: OperatorConfig, client: KubeClient, clock: Clock, identity: str
+) -> LeaderElector | None:
     election = config.leader_election
     if not election.enabled:
         return None
@@ -47,9 +58,7 @@ def _elector(config: OperatorConfig, client: KubeClient, clock: Clock) -> Leader
         LeaseSettings(
             namespace=election.namespace or os.environ.get("POD_NAMESPACE", "default"),
             name=election.lease_name,
-            # The pid is 1 in most containers: a restarted container must not find
-            # itself already holding the Lease it held before.
-            identity=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+            identity=identity,
             lease_duration=election.lease_duration,
             renew_deadline=election.renew_deadline,
             retry_period=election.retry_period,
@@ -77,7 +86,8 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
         stop.set()  # kopf stops, its cleanup stops the controller (bounded), we exit 1
 
     supervisor = Supervisor(on_failure=failed)
-    elector = _elector(config, client, clock)
+    identity = _identity()
+    elector = _elector(config, client, clock, identity)
     controller: Controller | None = None
     metrics = OperatorMetrics(
         lambda: controller.state.ledger if controller and controller.ready.is_set() else None
@@ -114,6 +124,8 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
             standalone=True,
             memo=kopf.Memo(controller=controller),
             stop_flag=stop,
+            # kopf's Identity is a NewType of str it does not export.
+            identity=identity,  # type: ignore[arg-type]
         )
     finally:
         if elector is not None:
