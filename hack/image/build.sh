@@ -46,8 +46,7 @@ hash="$(
   {
     sha256sum hack/image/build.sh hack/image/dockerfile.py hack/image/install.sh \
       Dockerfile .dockerignore pyproject.toml README.md charts/headroom/Chart.yaml "$sources"
-    find operator -type f ! -path '*/__pycache__/*' ! -path '*.egg-info/*' -print0 \
-      | LC_ALL=C sort -z | xargs -0 sha256sum
+    python3 "$helper" inputs Dockerfile . | tr '\n' '\0' | xargs -0 sha256sum
     mmdebstrap --version
     apt-cache policy "${packages[@]}" python3.11 | grep -E '^[^ ]|Candidate'
   } | sha256sum | cut -c1-12

@@ -13,6 +13,7 @@ skipped, so the image cannot silently drift from the Dockerfile.
     dockerfile.py config DOCKERFILE                 `umoci config` flags of the final
                                                     stage, NUL-separated
     dockerfile.py annotate INDEX_JSON REF           name the image for `ctr images import`
+    dockerfile.py inputs DOCKERFILE CONTEXT         the context files the COPYs read
 """
 
 from __future__ import annotations
@@ -143,6 +144,28 @@ def copy(source: Path, target: Path, context: Path | None, patterns: list[str]) 
         raise DockerfileError(f"COPY: {source} does not exist")
 
 
+def inputs(dockerfile: Path, context: Path) -> list[Path]:
+    """Every context file a COPY reads, after .dockerignore: what the image hashes."""
+    patterns = ignored(context)
+    found: set[Path] = set()
+    for stage in parse(dockerfile):
+        for keyword, rest in stage.steps:
+            words = rest.split()
+            if keyword != "COPY" or words[0].startswith("--from="):
+                continue
+            for name in words[:-1]:
+                source = context / name
+                paths = sorted(source.rglob("*")) if source.is_dir() else [source]
+                for path in paths:
+                    relative = str(path.relative_to(context))
+                    if path.is_file() and not any(
+                        is_ignored("/".join(relative.split("/")[: n + 1]), patterns)
+                        for n in range(relative.count("/") + 1)
+                    ):
+                        found.add(path)
+    return sorted(found)
+
+
 def inside(root: Path, path: str) -> Path:
     return root / path.lstrip("/")
 
@@ -258,6 +281,9 @@ def main(argv: list[str]) -> int:
                     print(stage.index, stage.name)
             case ["run-stage", dockerfile, index, root, context, exports]:
                 run_stage(Path(dockerfile), int(index), Path(root), Path(context), Path(exports))
+            case ["inputs", dockerfile, context]:
+                for path in inputs(Path(dockerfile), Path(context)):
+                    print(path.relative_to(context))
             case ["config", dockerfile]:
                 sys.stdout.write("\0".join(config(Path(dockerfile))) + "\0")
             case ["annotate", index_json, ref]:
