@@ -34,8 +34,15 @@ controllers: ## Also build kube-controller-manager and kube-scheduler (the tests
 	bash hack/controlplane/build.sh kube-controller-manager kube-scheduler
 
 .PHONY: image
-image: ## Build the operator's OCI image without a Docker engine (cached).
-	bash hack/image/build.sh
+image: ## Build the operator's OCI image without a Docker engine (cached; root, Debian packages installed if missing).
+	bash hack/node/deps.sh
+	bash hack/image/build.sh >/dev/null
+
+.PHONY: node
+node: controlplane ## Debian packages (containerd, runc, CNI...), the kubelet and the node's small images, for a real node.
+	bash hack/node/deps.sh
+	bash hack/node/build.sh >/dev/null
+	bash hack/node/images.sh pause busybox kubectl >/dev/null
 
 .PHONY: generate
 generate: venv controlplane ## Regenerate crds/ and the chart CRDs from the models, manifests/ from the chart.
@@ -57,7 +64,7 @@ test-unit: venv ## Fast tests of the pure code; no cluster.
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv controlplane controllers verify ## Install what is missing, then run every test (unit, integration, e2e).
+test: venv controlplane controllers node image verify ## Install what is missing, then run every test (unit, integration, e2e).
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
 
 .PHONY: sim
@@ -75,6 +82,10 @@ bench: venv controlplane ## Benchmarks (not part of test): core ledger and the o
 dev: venv controlplane ## Local control plane + demo nodes; stays up until Ctrl-C (DEV_ONCE=1: run once, exit).
 	$(PY) -m headroom_dev.devcluster $(if $(DEV_ONCE),--once,)
 
+.PHONY: cluster
+cluster: venv controlplane controllers node image ## A real node on this machine + the chart installed from the local image + a demo (root; Ctrl-C stops).
+	$(PY) -m headroom_dev.cluster $(if $(CLUSTER_ONCE),--once,)
+
 .PHONY: clean
 clean: ## Remove the virtualenv and caches (keeps the built binaries).
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .dev
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .dev .cluster

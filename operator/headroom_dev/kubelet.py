@@ -21,14 +21,15 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from headroom_dev.process import ControlPlaneError, binary
+from headroom_dev.process import ControlPlaneError, binary, https_get
 
 if TYPE_CHECKING:
     from headroom_dev.controlplane import ControlPlane
@@ -38,6 +39,8 @@ NODE_SH = REPO / "hack" / "node" / "node.sh"
 BUILD = "make node"
 CONTAINERD_SOCKET = "/run/headroom-node/containerd.sock"
 NODE_LOG_DIR = "/var/lib/headroom-node/log"
+KUBELET_PORT = 10250
+KUBELET_SERVING_CERT = Path("/var/lib/headroom-node/kubelet/pki/kubelet.crt")
 
 NODE_RBAC = {
     # The built-in role for kubelets, bound to their group. No Node authorizer or
@@ -137,6 +140,21 @@ class KubeletNode:
             ],
             timeout=300,
         )
+
+    def stats_summary(self) -> dict[str, Any]:
+        """The kubelet's /stats/summary (pods' memory and CPU), asked as the API server
+        asks it, with its kubelet client certificate. (Through the API server's node
+        proxy it is refused: the Node's address is loopback, which the proxy does not
+        allow.)"""
+        context = ssl.create_default_context(cafile=str(KUBELET_SERVING_CERT))
+        context.check_hostname = False  # self-signed for the hostname; pinned by cafile
+        pki = self.plane.pki
+        context.load_cert_chain(str(pki / "kubelet-client.crt"), str(pki / "kubelet-client.key"))
+        status, body = https_get(KUBELET_PORT, "/stats/summary", context)
+        if status != 200:
+            raise NodeError(f"kubelet /stats/summary: HTTP {status}: {body[:300]!r}")
+        summary: dict[str, Any] = json.loads(body)
+        return summary
 
     def ready(self) -> bool:
         status, body = self.plane.get(f"/api/v1/nodes/{self.name}")

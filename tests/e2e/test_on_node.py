@@ -1,0 +1,424 @@
+"""The operator the way users run it: the chart's image on a real node (issue 12, item 5).
+
+Everything else runs the operator as a local process. Here it is a pod from the
+image ``hack/image/build.sh`` builds without a Docker engine, installed with
+``helm install``, scheduled by kube-scheduler onto a node whose kubelet runs it,
+with its ServiceAccount token and in-cluster config; workloads are pods in the
+same image that claim memory with ``headroom hold``/``reserve`` from inside their
+containers. The tests share one release and run in file order: install, work,
+upgrade and fail over, load, uninstall.
+
+Needs root (containerd, runc, the CNI bridge): ``make test`` builds and installs
+what it needs (``make node image``); nothing here skips.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from headroom.api.constants import GROUP, VERSION
+from headroom_dev.apply import api_client
+from headroom_dev.cluster import (
+    RELEASE,
+    RELEASE_NAMESPACE,
+    WORKER,
+    NodeCluster,
+    claiming_pod_spec,
+    worker_access,
+)
+from tests.integration.polling import eventually
+
+TEAM = "team"
+STALE = 9  # seconds: `hold` heartbeats every third of it
+RSV = "reservations.headroom.dev"
+VALUES: dict[str, Any] = {
+    "config": {
+        "limits": {"heartbeatStaleWindow": f"{STALE}s"},
+        "sweepPeriod": "1s",
+        "reclaimedRetention": "10m",
+    },
+    "nodeHeadroomReaders": {"serviceAccounts": [{"namespace": TEAM, "name": WORKER}]},
+}
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[NodeCluster]:
+    with NodeCluster() as cluster:
+        took = cluster.install(VALUES)
+        print(f"figures: {cluster.figures}; helm install -> operator Ready {took:.1f}s")
+        cluster.apply(worker_access(TEAM))
+        yield cluster
+
+
+class Heartbeats:
+    """The owners of ``names`` are alive: a heartbeat each a third of the stale window."""
+
+    def __init__(self, cluster: NodeCluster) -> None:
+        self.names: set[str] = set()
+        self._api = api_client(cluster.plane.kubeconfig)
+        self._custom = client.CustomObjectsApi(self._api)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(STALE / 3):
+            beat = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            body = {"metadata": {"annotations": {"headroom.dev/heartbeat": beat}}}
+            for name in sorted(self.names):
+                with contextlib.suppress(client.ApiException):
+                    self._custom.patch_namespaced_custom_object(
+                        GROUP, VERSION, TEAM, "reservations", name, body
+                    )
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._api.close()
+
+
+@pytest.fixture(scope="module")
+def heartbeats(cluster: NodeCluster) -> Iterator[Heartbeats]:
+    beats = Heartbeats(cluster)
+    yield beats
+    beats.stop()
+
+
+def operator_pods(cluster: NodeCluster) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = cluster.get(
+        "pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/name=headroom"
+    )["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def status(cluster: NodeCluster, name: str, namespace: str = TEAM) -> dict[str, Any]:
+    """The reservation's status; ``{}`` while it does not exist (yet)."""
+    items = cluster.get(RSV, "-n", namespace, f"--field-selector=metadata.name={name}")["items"]
+    got: dict[str, Any] = (items[0].get("status") or {}) if items else {}
+    return got
+
+
+def reservation(name: str, node: str, ram_mb: int, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "headroom.dev/v1alpha1",
+        "kind": "Reservation",
+        "metadata": {"name": name, "namespace": TEAM},
+        "spec": {"node": node, "ramMB": ram_mb, **spec},
+    }
+
+
+def reaches(cluster: NodeCluster, name: str, phase: str, reason: str) -> None:
+    got = status(cluster, name)
+    assert (got.get("phase"), got.get("reason")) == (phase, reason), got
+
+
+def admitted(cluster: NodeCluster, name: str) -> dict[str, Any]:
+    got = status(cluster, name)
+    assert got.get("phase") == "Admitted", got
+    return got
+
+
+def pod(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        # An owner pod carries this label, or its claim is Rejected OwnerPodNotLabelled.
+        "metadata": {"name": name, "namespace": TEAM, "labels": {"headroom.dev/owner": "true"}},
+        "spec": spec,
+    }
+
+
+def test_the_chart_runs_the_operator_in_cluster(cluster: NodeCluster) -> None:
+    (operator,) = operator_pods(cluster)
+    spec = operator["spec"]
+    (container,) = spec["containers"]
+    assert container["image"] == cluster.image
+    assert spec["serviceAccountName"] == RELEASE
+    assert spec["nodeName"] == cluster.node.name  # placed by kube-scheduler
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["securityContext"]["runAsUser"] == 65532
+    # In-cluster config: no kubeconfig anywhere, the projected token is mounted.
+    assert not any(e["name"] == "KUBECONFIG" for e in container.get("env", []))
+    assert any(v.get("projected") for v in spec["volumes"])
+    whoami = cluster.kubectl(
+        "auth", "whoami", f"--as=system:serviceaccount:{RELEASE_NAMESPACE}:{RELEASE}", "-o", "json"
+    )
+    assert json.loads(whoami)["status"]["userInfo"]["username"].endswith(f":{RELEASE}")
+
+    node = cluster.get("node", cluster.node.name)
+    allocatable_mib = _mib(node["status"]["allocatable"]["memory"])
+
+    def summarised() -> dict[str, Any]:
+        summary: dict[str, Any] = (
+            cluster.get("nodeheadrooms", cluster.node.name).get("status") or {}
+        )
+        assert summary.get("totalRAMMB") == allocatable_mib, summary
+        return summary
+
+    eventually(summarised, timeout=30)
+    cluster.apply([reservation("first", cluster.node.name, 256)])
+    eventually(lambda: admitted(cluster, "first"), timeout=30)
+    too_big = allocatable_mib + 1
+    cluster.apply([reservation("too-big", cluster.node.name, too_big)])
+    eventually(lambda: reaches(cluster, "too-big", "Rejected", "InsufficientRAM"), timeout=30)
+
+
+def test_a_job_claims_heartbeats_from_its_container_and_releases(cluster: NodeCluster) -> None:
+    script = 'echo "holding $HEADROOM_RESERVATION"; sleep 10'
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train", "namespace": TEAM},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"headroom.dev/owner": "true"}},
+                "spec": claiming_pod_spec(cluster.image, cluster.node.name, script, 1024),
+            },
+        },
+    }
+    cluster.apply([job])
+    beats: set[str] = set()
+    phases: set[str] = set()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        claims = [
+            c
+            for c in cluster.get(RSV, "-n", TEAM)["items"]
+            if (c["spec"].get("owner") or {}).get("pod", "").startswith("train-")
+        ]
+        for claim in claims:
+            phases.add((claim.get("status") or {}).get("phase", ""))
+            beat = (claim["metadata"].get("annotations") or {}).get("headroom.dev/heartbeat")
+            if beat:
+                beats.add(beat)
+        done = cluster.get("job", "train", "-n", TEAM).get("status") or {}
+        if done.get("succeeded") == 1 and not claims and phases:
+            break
+        assert not done.get("failed"), cluster.kubectl("logs", "-n", TEAM, "job/train")
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"job not done with its claim released: phases={phases} beats={beats}")
+    assert "Admitted" in phases, phases
+    assert "Reclaimed" not in phases, phases
+    # 10 s of work with a heartbeat every 3 s: the annotation changed from inside the pod.
+    assert len(beats) >= 3, beats
+    assert "holding team/" in cluster.kubectl("logs", "-n", TEAM, "job/train")
+
+
+def test_a_deleted_owner_pod_releases_its_claim(cluster: NodeCluster) -> None:
+    node = cluster.node.name
+    # `reserve` then heartbeat by hand: when the pod goes, nothing in it releases the
+    # claim (the shell, pid 1, ignores SIGTERM); the operator must, as the pod is gone.
+    script = (
+        f"headroom reserve --node {node} --ram 128 --owner-pod $POD_NAME --name owned --wait"
+        " && while headroom heartbeat owned >/dev/null; do sleep 2; done"
+    )
+    spec = claiming_pod_spec(cluster.image, node, script, 0)
+    spec["containers"][0]["command"] = ["sh", "-c", script]
+    spec["terminationGracePeriodSeconds"] = 2
+    cluster.apply([pod("owner", spec)])
+    eventually(lambda: admitted(cluster, "owned"), timeout=60)
+    time.sleep(STALE + 2)  # longer than the stale window: the heartbeats keep it
+    admitted(cluster, "owned")
+    cluster.kubectl("delete", "pod", "owner", "-n", TEAM, "--wait=true", "--timeout=60s")
+    eventually(lambda: reaches(cluster, "owned", "Reclaimed", "OwnerPodDeleted"), timeout=30)
+
+
+def test_a_silent_owner_is_reclaimed_while_its_pod_runs(cluster: NodeCluster) -> None:
+    node = cluster.node.name
+    script = (
+        f"headroom reserve --node {node} --ram 128 --owner-pod $POD_NAME --name silent --wait"
+        " && sleep 3600"
+    )
+    spec = claiming_pod_spec(cluster.image, node, script, 0)
+    spec["containers"][0]["command"] = ["sh", "-c", script]
+    spec["terminationGracePeriodSeconds"] = 0
+    cluster.apply([pod("silent", spec)])
+    eventually(lambda: admitted(cluster, "silent"), timeout=60)
+    eventually(
+        lambda: reaches(cluster, "silent", "Reclaimed", "HeartbeatStale"), timeout=STALE + 20
+    )
+    assert cluster.get("pod", "silent", "-n", TEAM)["status"]["phase"] == "Running"
+    cluster.kubectl("delete", "pod", "silent", "-n", TEAM, "--wait=false")
+
+
+def test_the_garbage_collector_deletes_a_node_headroom_with_its_node(cluster: NodeCluster) -> None:
+    memory = {"memory": "8Gi"}
+    extra = {"capacity": memory, "allocatable": memory}
+    cluster.apply([{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "extra"}}])
+    cluster.kubectl("patch", "node", "extra", "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": extra}))  # fmt: skip
+
+    def written() -> list[dict[str, Any]]:
+        found = cluster.get("nodeheadrooms", "--field-selector=metadata.name=extra")["items"]
+        assert found, "no NodeHeadroom for extra yet"
+        owners: list[dict[str, Any]] = found[0]["metadata"]["ownerReferences"]
+        return owners
+
+    owners = eventually(written, timeout=30)
+    assert [o["kind"] for o in owners] == ["Node"]
+    cluster.kubectl("delete", "node", "extra")
+
+    def collected() -> None:
+        names = [i["metadata"]["name"] for i in cluster.get("nodeheadrooms")["items"]]
+        assert "extra" not in names, names
+
+    eventually(collected, timeout=60)
+
+
+def test_helm_upgrade_keeps_every_decision_and_the_standby_takes_over(
+    cluster: NodeCluster, heartbeats: Heartbeats
+) -> None:
+    kept = [f"kept-{i}" for i in range(5)]
+    heartbeats.names.update(kept)
+    cluster.apply([reservation(name, cluster.node.name, 64) for name in kept])
+    for name in kept:
+        eventually(lambda name=name: admitted(cluster, name), timeout=30)
+    before = _decisions(cluster)
+    assert before["too-big"] == ("Rejected", "InsufficientRAM")
+    assert before["silent"] == ("Reclaimed", "HeartbeatStale")
+    (old,) = operator_pods(cluster)
+    took = cluster.install(
+        {
+            "replicas": 2,
+            "leaderElection": {"enabled": True},
+            "config": {**VALUES["config"], "summaryInterval": "2s"},
+        },
+        upgrade=True,
+    )
+    print(f"helm upgrade -> 2 replicas Ready {took:.1f}s")
+    pods = operator_pods(cluster)
+    assert len(pods) == 2
+    assert old["metadata"]["name"] not in [p["metadata"]["name"] for p in pods]
+    config = cluster.get("configmap", f"{RELEASE}-config", "-n", RELEASE_NAMESPACE)
+    assert "summaryInterval: 2s" in json.dumps(config["data"])
+    assert _decisions(cluster) == before  # nothing re-decided, nothing lost
+
+    leader = eventually(lambda: _leader(cluster), timeout=30)
+    after_upgrade = [f"after-upgrade-{i}" for i in range(5)]
+    heartbeats.names.update(after_upgrade)
+    cluster.apply([reservation(name, cluster.node.name, 64) for name in after_upgrade])
+    decided = [
+        eventually(lambda i=i: admitted(cluster, f"after-upgrade-{i}"), 30) for i in range(5)
+    ]
+    # Exactly one decides: every new decision carries one process's run id.
+    assert len({d["decisionID"].rsplit("-", 1)[0] for d in decided}) == 1, decided
+
+    cluster.kubectl("delete", "pod", leader, "-n", RELEASE_NAMESPACE, "--wait=false")
+    began = time.monotonic()
+
+    def taken_over() -> str:
+        holder = _leader(cluster)
+        assert holder != leader, holder
+        return holder
+
+    new_leader = eventually(taken_over, timeout=60)
+    heartbeats.names.add("after-failover")
+    cluster.apply([reservation("after-failover", cluster.node.name, 64)])
+    after = eventually(lambda: admitted(cluster, "after-failover"), timeout=60)
+    print(f"failover: {new_leader} decides {time.monotonic() - began:.1f}s after the delete")
+    assert after["decisionID"].rsplit("-", 1)[0] != decided[0]["decisionID"].rsplit("-", 1)[0]
+    now = _decisions(cluster)
+    assert {k: v for k, v in now.items() if k in before} == before
+
+
+def test_probes_limits_and_read_only_root_hold_under_load(
+    cluster: NodeCluster, heartbeats: Heartbeats
+) -> None:
+    node = cluster.node.name
+    names = [f"load-{i}" for i in range(80)]
+    heartbeats.names.update(names[:40])  # the owners of half of them stay alive
+    cluster.apply([reservation(n, node, 16) for n in names])
+    deadline = time.monotonic() + 3 * STALE
+    while time.monotonic() < deadline:
+        for p in operator_pods(cluster):
+            (state,) = p["status"]["containerStatuses"]
+            assert state["restartCount"] == 0, state
+        time.sleep(2)
+    phases = {n: _phase_reason(cluster, n) for n in names}
+    assert all(phases[n] == ("Admitted", "Fits") for n in names[:40]), phases
+    assert all(phases[n] == ("Reclaimed", "HeartbeatStale") for n in names[40:]), phases
+    stats = cluster.node.stats_summary()
+    for p in operator_pods(cluster):
+        (container,) = p["spec"]["containers"]
+        limit = _mib(container["resources"]["limits"]["memory"]) * MiB
+        (pod_stats,) = [s for s in stats["pods"] if s["podRef"]["name"] == p["metadata"]["name"]]
+        used = pod_stats["containers"][0]["memory"]["workingSetBytes"]
+        name = p["metadata"]["name"]
+        print(f"operator {name}: working set {used / MiB:.0f} MiB of {limit / MiB:.0f}")
+        assert 0 < used < limit
+        ready = [c for c in p["status"]["conditions"] if c["type"] == "Ready"]
+        assert [c["status"] for c in ready] == ["True"]
+    # The root filesystem really is read-only inside the running container.
+    leader = _leader(cluster)
+    write = "try: open('/probe', 'w')\nexcept OSError as error: print(error)"
+    probe = cluster.kubectl("exec", "-n", RELEASE_NAMESPACE, leader, "--", "python", "-c", write)
+    assert "Read-only file system" in probe, probe
+
+
+def test_helm_uninstall_keeps_the_crds_and_every_reservation(cluster: NodeCluster) -> None:
+    before = _decisions(cluster)
+    cluster.helm("uninstall", RELEASE, "-n", RELEASE_NAMESPACE, "--wait")
+    eventually(lambda: _no_operator(cluster), timeout=60)
+    crds = [c["metadata"]["name"] for c in cluster.get("crds")["items"]]
+    assert {"reservations.headroom.dev", "nodeheadrooms.headroom.dev"} <= set(crds)
+    assert _decisions(cluster) == before
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def _no_operator(cluster: NodeCluster) -> None:
+    assert operator_pods(cluster) == []
+
+
+def _mib(quantity: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity[: -len(suffix)]) * factor // MiB
+    return int(quantity) // MiB
+
+
+def _phase_reason(cluster: NodeCluster, name: str) -> tuple[str, str]:
+    got = status(cluster, name)
+    return got.get("phase", ""), got.get("reason", "")
+
+
+def _decisions(cluster: NodeCluster) -> dict[str, tuple[str, str]]:
+    items = cluster.get(RSV, "-n", TEAM)["items"]
+    return {
+        i["metadata"]["name"]: (
+            (i.get("status") or {}).get("phase", ""),
+            (i.get("status") or {}).get("reason", ""),
+        )
+        for i in items
+    }
+
+
+def _leader(cluster: NodeCluster) -> str:
+    """The operator pod that holds the Lease (its identity starts with the pod's name)."""
+    leases = cluster.get("leases", "-n", RELEASE_NAMESPACE)["items"]
+    holders = [
+        lease["spec"].get("holderIdentity") or ""
+        for lease in leases
+        if lease["metadata"]["name"] == RELEASE
+    ]
+    names = [
+        p["metadata"]["name"]
+        for p in operator_pods(cluster)
+        if any(h.startswith(p["metadata"]["name"] + "-") for h in holders)
+    ]
+    assert len(names) == 1, (holders, names)
+    return names[0]
