@@ -26,8 +26,12 @@ $(STAMP): pyproject.toml
 venv: $(STAMP) ## Create the virtualenv with the operator and its dev tools.
 
 .PHONY: controlplane
-controlplane: ## Build (or reuse) kube-apiserver, kubectl, etcd and helm from their Go modules.
+controlplane: ## Build (or reuse) kube-apiserver, kubectl and etcd from their Go modules.
 	bash hack/controlplane/build.sh
+
+.PHONY: helm
+helm: ## Also build helm (chart rendering and install; make dev does not need it).
+	bash hack/controlplane/build.sh helm
 
 .PHONY: controllers
 controllers: ## Also build kube-controller-manager and kube-scheduler (the tests that need a garbage collector).
@@ -45,7 +49,7 @@ node: controlplane ## Debian packages (containerd, runc, CNI...), the kubelet an
 	bash hack/node/images.sh pause busybox kubectl >/dev/null
 
 .PHONY: generate
-generate: venv controlplane ## Regenerate crds/ and the chart CRDs from the models, manifests/ from the chart.
+generate: venv controlplane helm ## Regenerate crds/ and the chart CRDs from the models, manifests/ from the chart.
 	$(PY) hack/generate.py
 
 .PHONY: lint
@@ -56,7 +60,7 @@ lint: venv ## ruff, mypy --strict and the import-layer contracts.
 	$(VENV)/bin/lint-imports
 
 .PHONY: verify
-verify: venv controlplane lint ## Fail if generated files drifted from their source, or lint fails.
+verify: venv controlplane helm lint ## Fail if generated files drifted from their source, or lint fails.
 	$(PY) hack/generate.py --check
 
 .PHONY: test-unit
@@ -64,7 +68,7 @@ test-unit: venv ## Fast tests of the pure code; no cluster.
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv controlplane controllers node image verify ## Install what is missing, then run every test (unit, integration, e2e).
+test: venv controlplane helm controllers node image verify ## Install what is missing, then run every test (unit, integration, e2e).
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
 
 .PHONY: sim
@@ -83,7 +87,7 @@ dev: venv controlplane ## Local control plane + demo nodes; stays up until Ctrl-
 	$(PY) -m headroom_dev.devcluster $(if $(DEV_ONCE),--once,)
 
 .PHONY: cluster
-cluster: venv controlplane controllers node image ## A real node on this machine + the chart installed from the local image + a demo (root; Ctrl-C stops).
+cluster: venv controlplane helm controllers node image ## A real node on this machine + the chart installed from the local image + a demo (root; Ctrl-C stops).
 	$(PY) -m headroom_dev.cluster $(if $(CLUSTER_ONCE),--once,)
 
 .PHONY: clean

@@ -50,7 +50,7 @@ def helm_binary() -> str:
     bin_dir = Path(os.environ.get("HEADROOM_BIN_DIR", default))
     helm = bin_dir / "helm"
     if not os.access(helm, os.X_OK):
-        sys.exit(f"generate: helm not found at {helm}: run `make controlplane`")
+        sys.exit(f"generate: helm not found at {helm}: run `make helm`")
     return str(helm)
 
 

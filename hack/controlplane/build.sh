@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Build the control-plane binaries (kube-apiserver, kubectl, etcd, helm) from the
+# Build the control-plane binaries (kube-apiserver, kubectl, etcd) from the
 # pinned wrapper modules beside this script, into a cache outside git.
 #
-# Usage: build.sh [kube-controller-manager] [kube-scheduler]
-# The named extras are built too, only when asked for (`make controllers`), so
-# the default path (`make dev`) does not pay for them. They come from
+# Usage: build.sh [helm] [kube-controller-manager] [kube-scheduler]
+# The named extras are built too, only when asked for (`make helm`, `make
+# controllers`), so the default path (`make dev`) does not pay for them (helm
+# alone is about 3 minutes cold). The controllers come from
 # kubernetes-controllers/, pinned to the same k8s.io/kubernetes as kubernetes/.
 #
 # Each binary lands in $HEADROOM_CACHE/bin/<name>-<version>-<pin hash>/ and is
@@ -13,11 +14,12 @@
 # There is no fallback: a missing toolchain or a failed build exits non-zero.
 set -euo pipefail
 
-extras=()
+extras=() with_helm=false
 for arg in "$@"; do
   case "$arg" in
+    helm) with_helm=true ;;
     kube-controller-manager|kube-scheduler) extras+=("$arg") ;;
-    *) echo "build.sh: unknown binary '$arg' (known extras: kube-controller-manager kube-scheduler)" >&2; exit 2 ;;
+    *) echo "build.sh: unknown binary '$arg' (known extras: helm kube-controller-manager kube-scheduler)" >&2; exit 2 ;;
   esac
 done
 
@@ -71,9 +73,11 @@ done
 build kubernetes kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes "${kube_stamp[@]}"
 build kubernetes kubectl k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes "${kube_stamp[@]}"
 build etcd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
-helm_version="$(cd "$here/helm" && go list -m -f '{{.Version}}' helm.sh/helm/v4)"
-build helm helm helm.sh/helm/v4/cmd/helm helm.sh/helm/v4 \
-  "helm.sh/helm/v4/internal/version.version=$helm_version"
+if $with_helm; then
+  helm_version="$(cd "$here/helm" && go list -m -f '{{.Version}}' helm.sh/helm/v4)"
+  build helm helm helm.sh/helm/v4/cmd/helm helm.sh/helm/v4 \
+    "helm.sh/helm/v4/internal/version.version=$helm_version"
+fi
 
 if (( ${#extras[@]} )); then
   for name in "${extras[@]}"; do

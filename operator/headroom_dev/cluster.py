@@ -110,7 +110,8 @@ class NodeCluster:
 
     def helm(self, *args: str, timeout: float = 300) -> str:
         return self._run(
-            [str(binary("helm")), f"--kubeconfig={self.plane.kubeconfig}", *args], timeout
+            [str(binary("helm", "make helm")), f"--kubeconfig={self.plane.kubeconfig}", *args],
+            timeout,
         )
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60) -> str:

@@ -44,7 +44,11 @@ Kubectl = Callable[..., CompletedProcess[str]]
 
 def helm(*args: str) -> CompletedProcess[str]:
     return subprocess.run(
-        [str(binary("helm")), *args], capture_output=True, text=True, timeout=60, check=False
+        [str(binary("helm", "make helm")), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
