@@ -17,7 +17,7 @@ import shlex
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,6 +161,11 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def wheel_versions(filenames: Iterable[str]) -> set[tuple[str, str]]:
+    """(name, version) of each wheel file name (name-version-tags.whl)."""
+    return {(canonical(name), version) for name, version, *_ in (f.split("-") for f in filenames)}
+
+
 def test_same_distributions_as_the_install_recipe(image: Image, tmp_path: Path) -> None:
     # What the Dockerfile's build stage makes from the same context, in a venv.
     context = build_context(tmp_path / "src")
@@ -174,22 +179,24 @@ def test_same_distributions_as_the_install_recipe(image: Image, tmp_path: Path) 
         str(wheels),
     )
     assert built.returncode == 0, built.stderr[-2000:]
-    expected = {
-        (canonical(name), version)
-        for name, version, *_ in (w.name.split("-") for w in wheels.glob("*.whl"))
-    }
+    recipe = wheel_versions(w.name for w in wheels.glob("*.whl"))
     installed = set()
     for dist_info in (image.rootfs / SITE).glob("*.dist-info"):
         metadata = (dist_info / "METADATA").read_text(errors="replace")
         fields = dict(re.findall(r"^(Name|Version): (.+)$", metadata, re.MULTILINE))
         installed.add((canonical(fields["Name"]), fields["Version"]))
     assert ("headroom", "0.1.0") in installed
-    assert installed == expected, (
-        "the image and the install recipe differ (a cached archive older than a new "
-        f"release on PyPI? remove {image.archive} and rerun): "
-        f"only in the image {sorted(installed - expected)}, "
-        f"only from the recipe {sorted(expected - installed)}"
+    # Exactly what the image's own build stage built (recorded by build.sh) ...
+    record = image.archive.with_suffix(".wheels")
+    assert installed == wheel_versions(record.read_text().split()), record
+    # ... and the same distributions as the recipe makes now. Their versions are the
+    # ones PyPI had when each was built (as with `docker build`), so a dependency
+    # released since the archive was cached may differ; headroom's may not.
+    assert {n for n, _ in installed} == {n for n, _ in recipe}, (
+        f"only in the image {sorted(installed - recipe)}, "
+        f"only from the recipe {sorted(recipe - installed)}"
     )
+    assert ("headroom", "0.1.0") in recipe
     # Nothing of the build stage is left: no wheels, no install script, no sources.
     for leftover in ("wheels", "src", "usr/local/bin/headroom-install"):
         assert not (image.rootfs / leftover).exists(), leftover
@@ -255,3 +262,6 @@ def test_archive_is_cached_and_replaces_older_builds(image: Image) -> None:
     assert Path(again.stdout.strip()) == image.archive
     assert "built" not in again.stderr  # reused, not rebuilt
     assert sorted(image.archive.parent.glob("headroom-*.tar")) == [image.archive]
+    assert sorted(image.archive.parent.glob("headroom-*.wheels")) == [
+        image.archive.with_suffix(".wheels")
+    ]
