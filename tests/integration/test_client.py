@@ -284,10 +284,11 @@ def test_a_claim_deleted_or_replaced_is_lost_and_a_namesake_is_never_touched(
         rsv.delete(custom, namespace, held.name)
 
         def noticed() -> None:
+            # The heartbeat thread sets `lost` and then calls on_lost: wait for both.
             assert held.lost is not None
+            assert told == [held.lost]
 
         eventually(noticed)  # by the background heartbeats, a second later
-        assert told == [held.lost]
         assert held.lost is not None
         assert (held.lost.reason, held.lost.reference) == ("Deleted", held.reference)
         with pytest.raises(ClaimLostError):

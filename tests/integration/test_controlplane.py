@@ -14,6 +14,7 @@ from kubernetes import client
 
 from headroom_dev.apply import api_client
 from headroom_dev.controlplane import ControlPlane, ControlPlaneError, binary
+from tests.integration.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +81,18 @@ def test_rbac_denies_then_allows_an_unprivileged_user(
             ],
         },
     )
-    assert alice.list_namespaced_config_map(namespace).items is not None
+
+    def allowed() -> None:
+        # The RBAC authorizer reads bindings from an informer: a grant lands a moment
+        # after the create returns (seen on CI: 403 right after the binding).
+        try:
+            alice.list_namespaced_config_map(namespace)
+        except client.ApiException as error:
+            if error.status == 403:
+                raise AssertionError("still denied") from error
+            raise
+
+    eventually(allowed, timeout=10)
     # The grant is namespaced: still denied elsewhere.
     with pytest.raises(client.ApiException) as elsewhere:
         alice.list_namespaced_config_map("default")
