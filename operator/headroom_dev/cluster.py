@@ -16,7 +16,6 @@ The tests on a node (tests/e2e/test_on_node.py) use :class:`NodeCluster` too.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shutil
 import signal
@@ -313,9 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
     try:
-        return _run(args.once, stale, stop)
+        code = _run(args.once, stale, stop)
+    except KeyboardInterrupt:  # Ctrl-C, at any moment: the with-block has torn down
+        code = 130
     finally:
         shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
+    _say("stopped: the node and the control plane are down")
+    return code
 
 
 def _run(once: bool, stale: str, stop: threading.Event) -> int:
@@ -340,8 +343,7 @@ def _run(once: bool, stale: str, stop: threading.Event) -> int:
         if once:
             return _check(cluster, deadline=time.monotonic() + 120)
         _say("\nCtrl-C to stop.")
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.wait()
+        stop.wait()  # SIGTERM; Ctrl-C raises KeyboardInterrupt
         _say("stopping")
     return 0
 
