@@ -19,7 +19,6 @@ import argparse
 import json
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ import yaml
 from headroom.api.constants import OWNER_LABEL
 from headroom_dev.controllers import NODE_CONTROLLERS
 from headroom_dev.controlplane import ControlPlane, bin_dir, binary
-from headroom_dev.kubelet import KubeletNode, NodeError
+from headroom_dev.kubelet import KubeletNode, NodeError, run_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "headroom"
@@ -55,10 +54,7 @@ def build_images() -> list[Path]:
         ["bash", str(ROOT / "hack/node/images.sh"), *NODE_IMAGES],
         ["bash", str(ROOT / "hack/image/build.sh")],
     ):
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise NodeError(f"{' '.join(argv[1:])} failed:\n{done.stderr[-3000:]}")
-        archives += [Path(line) for line in done.stdout.split()]
+        archives += [Path(line) for line in run_tool(argv, timeout=1800).split()]
     return archives
 
 
@@ -108,9 +104,9 @@ class NodeCluster:
     # -- helm and kubectl ------------------------------------------------------------
 
     def helm(self, *args: str, timeout: float = 300) -> str:
-        return self._run(
+        return run_tool(
             [str(binary("helm", "make helm")), f"--kubeconfig={self.plane.kubeconfig}", *args],
-            timeout,
+            timeout=timeout,
         )
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60) -> str:
@@ -152,15 +148,6 @@ class NodeCluster:
 
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
-
-    @staticmethod
-    def _run(argv: list[str], timeout: float) -> str:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        if done.returncode != 0:
-            raise NodeError(
-                f"{' '.join(argv[:2])} ... exited {done.returncode}: {done.stderr[-3000:]}"
-            )
-        return done.stdout
 
 
 # -- the demo -------------------------------------------------------------------------

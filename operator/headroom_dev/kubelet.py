@@ -63,6 +63,27 @@ class NodeError(ControlPlaneError):
     """The node could not be started or stopped; the message says why."""
 
 
+def run_tool(
+    argv: list[str],
+    *,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float,
+) -> str:
+    """Run a command-line tool (node.sh, kubectl, helm, ctr, an image build); its
+    stdout, or a :class:`NodeError` with the end of its stderr."""
+    what = " ".join(argv[:3])
+    try:
+        done = subprocess.run(
+            argv, input=stdin, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as error:
+        raise NodeError(f"{what} ...: no answer after {timeout:.0f}s") from error
+    if done.returncode != 0:
+        raise NodeError(f"{what} ... exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
 class KubeletNode:
     """containerd + the kubelet on this machine, registered with ``plane`` as a Node.
 
@@ -127,7 +148,7 @@ class KubeletNode:
 
     def import_image(self, archive: Path) -> None:
         """Import an OCI archive into the node's containerd (there is no registry)."""
-        self._run(
+        run_tool(
             [
                 "ctr",
                 "--address",
@@ -171,7 +192,7 @@ class KubeletNode:
         return ready and not tainted
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60) -> str:
-        return self._run(
+        return run_tool(
             [str(binary("kubectl")), f"--kubeconfig={self.plane.kubeconfig}", *args],
             stdin=stdin,
             timeout=timeout,
@@ -180,27 +201,7 @@ class KubeletNode:
     # -- internals -------------------------------------------------------------------
 
     def _node_sh(self, *args: str, env: dict[str, str] | None = None, timeout: float) -> str:
-        return self._run(["bash", str(NODE_SH), *args], env=env, timeout=timeout)
-
-    @staticmethod
-    def _run(
-        argv: list[str],
-        *,
-        stdin: str | None = None,
-        env: dict[str, str] | None = None,
-        timeout: float,
-    ) -> str:
-        try:
-            done = subprocess.run(
-                argv, input=stdin, env=env, capture_output=True, text=True, timeout=timeout
-            )
-        except subprocess.TimeoutExpired as error:
-            raise NodeError(f"{' '.join(argv[:3])} ...: no answer after {timeout:.0f}s") from error
-        if done.returncode != 0:
-            raise NodeError(
-                f"{' '.join(argv[:3])} ... exited {done.returncode}:\n{done.stderr[-3000:]}"
-            )
-        return done.stdout
+        return run_tool(["bash", str(NODE_SH), *args], env=env, timeout=timeout)
 
     def _wait(self, check: Callable[[], bool], deadline: float, what: str) -> None:
         while time.monotonic() < deadline:
