@@ -22,6 +22,18 @@ API_VERSION = f"{GROUP}/{VERSION}"
 HEARTBEAT_ANNOTATION = f"{GROUP}/heartbeat"
 #: Label that makes a pod an owner the operator watches.
 OWNER_LABEL = f"{GROUP}/owner"
+#: A pod opts in to gating with this label (``"true"``): the webhook's objectSelector.
+CLAIM_LABEL = f"{GROUP}/claim"
+#: What a gated pod claims, as pod annotations (quantities, or plain MiB).
+RAM_ANNOTATION = f"{GROUP}/ram"
+VRAM_ANNOTATION = f"{GROUP}/vram"
+#: How long a gated pod may wait for room (a Go duration); and a fixed node.
+WAIT_ANNOTATION = f"{GROUP}/wait"
+NODE_ANNOTATION = f"{GROUP}/node"
+#: The name of the Reservation that holds a gated pod's memory, set when it is ungated.
+RESERVATION_ANNOTATION = f"{GROUP}/reservation"
+#: The scheduling gate a claiming pod is created behind, removed when it is admitted.
+SCHEDULING_GATE = f"{GROUP}/admission"
 #: Per-node overrides of the limits, as Node annotations.
 RATIO_ANNOTATION = f"{GROUP}/max-overcommit-ratio"
 RESERVE_ANNOTATION = f"{GROUP}/system-reserve-mb"

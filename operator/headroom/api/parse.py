@@ -260,10 +260,11 @@ _DECIMAL_EXPONENT = {
 _MIB = 1 << 20
 
 
-def memory_mib(value: object, field: str = "") -> int:
+def memory_mib(value: object, field: str = "", *, round_up: bool = False) -> int:
     """A Kubernetes memory quantity (``"32Gi"``, ``"1e9"``, ``"500M"``) in whole MiB.
 
-    Exact and rounded down, so a node never looks bigger than it is; at most
+    Exact and rounded down, so a node never looks bigger than it is (``round_up``
+    for a claim, which must never be smaller than what was asked); at most
     ``MAX_MB``. The exponent is checked before anything is multiplied out.
     """
     if isinstance(value, int) and not isinstance(value, bool):
@@ -286,9 +287,9 @@ def memory_mib(value: object, field: str = "") -> int:
     if magnitude > 20:
         raise _fail(field, f"{shown(value)} is above {MAX_MB} MiB")
     if magnitude < -3:
-        return 0  # less than a byte
+        return 1 if round_up else 0  # less than a byte
     exact = Fraction(int(significant)) * Fraction(10) ** power10 * (1 << power2)
-    mib = int(exact // _MIB)
+    mib = -int(-exact // _MIB) if round_up else int(exact // _MIB)
     if mib > MAX_MB:
         raise _fail(field, f"{shown(value)} is above {MAX_MB} MiB")
     return mib
