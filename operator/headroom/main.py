@@ -102,6 +102,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
         time_left=elector.time_left if elector is not None else (lambda: math.inf),
     )
     metrics.registry.register(EventsCollector(controller.events))
+    metrics.count_gated(lambda: controller.gates.gated if controller is not None else 0)
     probes = ProbeServer(
         controller,
         metrics,

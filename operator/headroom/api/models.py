@@ -14,7 +14,14 @@ import re
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 
 from headroom.api.constants import (
     GO_DURATION,
@@ -142,6 +149,13 @@ class ReservationSpec(_Model):
                     "reason": "FieldValueInvalid",
                 },
                 {
+                    "rule": "!has(self.liveness) || self.liveness != 'Pod' || "
+                    "(has(self.owner) && has(self.owner.pod))",
+                    "message": "spec.liveness Pod needs spec.owner.pod: the pod it lives with",
+                    "fieldPath": ".liveness",
+                    "reason": "FieldValueRequired",
+                },
+                {
                     "rule": "self == oldSelf",
                     "message": (
                         "spec is immutable: to change a reservation, delete it and create a new one"
@@ -177,6 +191,21 @@ class ReservationSpec(_Model):
             "when the wait runs out. Absent: decided at once."
         ),
     )
+    liveness: Literal["Heartbeat", "Pod"] | None = Field(
+        None,
+        description=(
+            "What keeps the reservation alive. Heartbeat (the default): heartbeats, "
+            "reclaimed when they stop for the stale window. Pod: the pod named in "
+            "spec.owner.pod; never stale, released when that pod ends (Succeeded or "
+            "Failed) or is deleted. The operator creates Pod reservations for gated pods."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _pod_liveness_names_a_pod(self) -> ReservationSpec:
+        if self.liveness == "Pod" and (self.owner is None or self.owner.pod is None):
+            raise ValueError("spec.liveness Pod needs spec.owner.pod: the pod it lives with")
+        return self
 
 
 class Condition(_Model):

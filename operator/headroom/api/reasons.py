@@ -31,6 +31,10 @@ class Reason(StrEnum):
     HEARTBEAT_STALE = "HeartbeatStale"
     EXPIRED = "Expired"
     OWNER_POD_DELETED = "OwnerPodDeleted"
+    # A reservation that lives as long as its pod (spec.liveness Pod): the pod ended.
+    OWNER_POD_FINISHED = "OwnerPodFinished"
+    # Admitted for a gated pod, but the pod could not be pinned and ungated.
+    UNGATE_REFUSED = "UngateRefused"
     # Rebuild: an admitted entry that no longer fits its node's limits.
     OVER_COMMITTED = "OverCommitted"
 

@@ -68,8 +68,12 @@ class Admission:
         may_act: Callable[[], bool],
         strict: bool = False,
         telemetry: Telemetry | None = None,
+        bound_to: Callable[[str, str], str | None] = lambda namespace, pod: None,
     ) -> None:
+        """``bound_to(namespace, pod)``: the node a claiming pod already runs on without
+        our gate (the webhook missed it); its claim is recorded there, fit or not."""
         self._state, self._writer, self._lookups, self._clock = state, writer, lookups, clock
+        self._bound_to = bound_to
         self._may_act, self._strict = may_act, strict
         self._telemetry = telemetry or NoTelemetry()
         self._queue: dict[str, Pending] = {}
@@ -172,7 +176,13 @@ class Admission:
         if namesake is not None and namesake.uid != pending.uid:
             # Deleted and created again while its DELETED event was lost: the old one is gone.
             state.forget(namesake.uid, self._clock.monotonic())
-        verdict = state.ledger.reserve_or_wait(entry, now, entry.wait_until, strict=self._strict)
+        pod = entry.owner.pod
+        if entry.pod_lifetime and pod and self._bound_to(pending.namespace, pod) == entry.node:
+            verdict = state.ledger.record(entry, now)  # it runs there already: say so, fit or not
+        else:
+            verdict = state.ledger.reserve_or_wait(
+                entry, now, entry.wait_until, strict=self._strict
+            )
         if verdict.admitted:
             phase = Phase.ADMITTED
         elif verdict.queued:

@@ -26,6 +26,7 @@ from typing import Any
 from headroom.api.config import OperatorConfig
 from headroom.api.paths import NODES, PODS, RESERVATIONS
 from headroom.control.admission import Admission
+from headroom.control.gates import CLAIM_SELECTOR, Gates
 from headroom.control.keys import Adoption, load_key
 from headroom.control.lookups import Lookups
 from headroom.control.nodes import Nodes
@@ -119,6 +120,7 @@ class Controller:
             may_act=may_act,
             strict=config.queueing.strategy == "StrictFIFO",
             telemetry=self.telemetry,
+            bound_to=lambda namespace, pod: self.gates.bound_to(namespace, pod),
         )
         self.reclaimer = Reclaimer(
             state,
@@ -142,6 +144,16 @@ class Controller:
             reclaim=self.reclaimer.reclaim,
             rng=self.rng,
         )
+        self.gates = Gates(
+            state,
+            transport,
+            self.events,
+            self.clock,
+            reclaim=self.reclaimer.reclaim,
+            may_act=may_act,
+            rng=self.rng,
+            telemetry=self.telemetry,
+        )
         self.reconciler = Reconciler(
             state,
             self.clock,
@@ -152,6 +164,9 @@ class Controller:
             self.events,
             self.telemetry,
             check_owner=self.owners.check_gone,
+            on_reservation=self.gates.reservation_seen,
+            on_forgotten=self.gates.reservation_gone,
+            on_decided=self.gates.decided,
         )
 
     # -- life cycle ------------------------------------------------------------------------
@@ -183,6 +198,7 @@ class Controller:
         spawn("sweeper", self.reclaimer.run())
         spawn("summaries", self.summaries.run())
         spawn("resync", self._resync_forever())
+        self.gates.start()
         if self._follow_watches:
             self._follow(versions)
         self._in_background(self.summaries.delete_orphans())
@@ -190,8 +206,8 @@ class Controller:
             self._in_background(adoption.finish())
         self.ready.set()
 
-    def _follow(self, versions: tuple[str, str, str]) -> None:
-        node_version, pod_version, reservation_version = versions
+    def _follow(self, versions: tuple[str, str, str, str]) -> None:
+        node_version, pod_version, reservation_version, claim_version = versions
         spawn, transport, rng = self.supervisor.spawn, self.transport, self.rng
         spawn(
             "watch-reservations",
@@ -220,11 +236,30 @@ class Controller:
                 rng=rng,
             ),
         )
+        spawn(
+            "watch-claims",
+            follow(
+                transport,
+                PODS,
+                claim_version,
+                self.gates.on_pod,
+                self.gates.relist,
+                label_selector=CLAIM_SELECTOR,
+                rng=rng,
+            ),
+        )
 
     async def stop(self) -> None:
         """Bounded: a write not confirmed now is written again after the next start."""
         await self.supervisor.stop()
-        for part in (self.writer, self.reclaimer, self.lookups, self.owners, self.nodes):
+        for part in (
+            self.writer,
+            self.reclaimer,
+            self.lookups,
+            self.owners,
+            self.nodes,
+            self.gates,
+        ):
             await part.stop()
         for task in list(self._background):
             task.cancel()
@@ -250,16 +285,19 @@ class Controller:
 
     def _changed_capacity(self) -> None:
         self.admission.wake()
+        self.gates.nodes_changed()
         self.reclaimer.nearer_deadline()  # a shorter window brings deadlines nearer
 
     # -- rebuild and resync ------------------------------------------------------------------
 
-    async def rebuild(self) -> tuple[str, str, str]:
-        """Rebuild the ledger; return the Node, Pod and Reservation lists' resourceVersions."""
+    async def rebuild(self) -> tuple[str, str, str, str]:
+        """Rebuild the ledger; return the Node, owner Pod, Reservation and claiming Pod
+        lists' resourceVersions."""
         started = self.clock.monotonic()
         nodes, node_version = await list_all(self.transport, NODES)
         pods, pod_version = await list_all(self.transport, PODS, label_selector=OWNER_SELECTOR)
         reservations, version = await list_all(self.transport, RESERVATIONS)
+        claims, claim_version = await list_all(self.transport, PODS, label_selector=CLAIM_SELECTOR)
         for node in nodes:
             self.nodes.on_node(None, node, listed_at=started)
         self.owners.take(pods, listed_at=started)  # nothing held yet: nothing to read back
@@ -270,6 +308,7 @@ class Controller:
                 self.reconciler.reconcile(obj)
         finally:
             self.reconciler.restore_collected()
+        self.gates.take(claims, listed_at=started)  # acted on once the decider runs
         self.state.dirty_nodes.update(self.state.node_uids)
         log.info(
             "ledger rebuilt in %.2fs: %d nodes, %d owner pods, %d reservations held, %d undecided",
@@ -279,7 +318,7 @@ class Controller:
             len(self.state.holders),
             len(self.admission),
         )
-        return node_version, pod_version, version
+        return node_version, pod_version, version, claim_version
 
     async def _resync_forever(self) -> None:
         period = self.config.resync_period.total_seconds()
@@ -289,7 +328,8 @@ class Controller:
         while True:
             await asyncio.sleep(delay)
             failed = False
-            for step in (self.resync, self.nodes.relist, self.owners.relist, self._orphans):
+            steps = (self.resync, self.nodes.relist, self.owners.relist, self.gates.relist)
+            for step in (*steps, self._orphans):
                 try:
                     await step()
                 except (ApiError, ApiUnavailableError) as error:

@@ -24,6 +24,7 @@ from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
 from headroom.objects.nodes import node_capacity
+from headroom.objects.pods import node_facts
 
 log = logging.getLogger(__name__)
 DELETED = "DELETED"
@@ -67,6 +68,7 @@ class Nodes:
         if event_type == DELETED:
             state.node_uids.pop(name, None)
             state.node_labels.pop(name, None)
+            state.node_facts.pop(name, None)
             state.ledger.remove_node(name)
             self._bad_values.pop(name, None)
             self._tasks.spawn(self._delete_summary(name))
@@ -75,6 +77,7 @@ class Nodes:
         state.node_uids[name] = meta.get("uid", "")
         labels = meta.get("labels") or {}
         state.node_labels[name] = {str(k): str(v) for k, v in labels.items()}
+        state.node_facts[name] = node_facts(obj)
         capacity = node_capacity(obj, state.limits, self._config.ram_source)
         if capacity.problems and capacity.problems != self._bad_values.get(name):
             self._events.record(

@@ -53,7 +53,14 @@ class Reconciler:
         telemetry: Telemetry,
         *,
         check_owner: Callable[[tuple[str, str]], None],
+        on_reservation: Callable[[JSON], None] = lambda obj: None,
+        on_forgotten: Callable[[str], None] = lambda uid: None,
+        on_decided: Callable[[Record], None] = lambda record: None,
     ) -> None:
+        """``on_reservation``/``on_forgotten``/``on_decided``: told of every Reservation
+        reconciled, forgotten, and every decision its object is seen to carry (pod gates)."""
+        self._on_reservation, self._on_forgotten = on_reservation, on_forgotten
+        self._on_decided = on_decided
         self._state, self._clock, self._config = state, clock, config
         self._admission, self._writer, self._reclaimer = admission, writer, reclaimer
         self._events, self._telemetry, self._check_owner = events, telemetry, check_owner
@@ -72,6 +79,7 @@ class Reconciler:
             return
         if listed_at is not None and self._state.forgotten_since(uid, listed_at):
             return  # known gone since the list was asked for
+        self._on_reservation(obj)
         record = self._state.records.get(uid)
         if record is not None:
             self._reconcile_decided(record, obj, listed_at)
@@ -87,6 +95,7 @@ class Reconciler:
         self._writer.forget(uid)
         if self._state.forget(uid, self._clock.monotonic()) is not None:
             self._admission.wake()  # capacity may have come back
+        self._on_forgotten(uid)
 
     def restoring(self) -> None:
         """From now on, trusted admissions are collected and restored in one go (rebuild)."""
@@ -267,6 +276,7 @@ class Reconciler:
         """The object carries its decision: announce it once (Event, metrics)."""
         now = self._clock.monotonic()
         record.confirmed_at = now
+        self._on_decided(record)
         if record.announced:
             return
         record.announced = True
@@ -279,7 +289,9 @@ class Reconciler:
             reservation_ref(record.namespace, record.name, record.uid),
             str(decision.reason),
             decision.message,
-            "Normal" if decision.phase == Phase.ADMITTED else "Warning",
+            "Normal"
+            if decision.phase == Phase.ADMITTED and decision.reason != Reason.OVER_COMMITTED
+            else "Warning",
         )
         if decision.phase == Phase.RECLAIMED:
             self._reclaimer.release_reclaimed(record)

@@ -26,6 +26,7 @@ from datetime import datetime
 from headroom.api.limits import Limits
 from headroom.api.reasons import Phase
 from headroom.ledger import Ledger
+from headroom.objects.pods import NodeFacts
 from headroom.objects.stamp import Stamper
 from headroom.objects.status import Decision
 
@@ -84,6 +85,7 @@ class State:
         self.owned: dict[PodKey, set[str]] = {}  # owner pod -> uids it holds
         self.node_uids: dict[str, str] = {}
         self.node_labels: dict[str, dict[str, str]] = {}  # copied onto its NodeHeadroom
+        self.node_facts: dict[str, NodeFacts] = {}  # what says which pods may run there
         self.node_seen: dict[str, float] = {}  # node -> when a watch last told us of it
         self.dirty_nodes: set[str] = set()
         self.room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now

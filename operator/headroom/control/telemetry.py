@@ -25,6 +25,14 @@ class Telemetry(Protocol):
         """A status write was refused or unanswered and will be tried again (or given up)."""
         ...
 
+    def ungated(self, seconds: float) -> None:
+        """A gated pod was pinned and ungated ``seconds`` after the operator first saw it."""
+        ...
+
+    def ungate_failed(self, reason: str) -> None:
+        """The patch that pins and ungates a pod was refused (its reservation is reclaimed)."""
+        ...
+
 
 class NoTelemetry:
     def decision_written(self, phase: str, seconds_since_seen: float) -> None:
@@ -37,4 +45,10 @@ class NoTelemetry:
         pass
 
     def status_write_failed(self) -> None:
+        pass
+
+    def ungated(self, seconds: float) -> None:
+        pass
+
+    def ungate_failed(self, reason: str) -> None:
         pass

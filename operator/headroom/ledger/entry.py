@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from headroom.api.constants import MAX_TIME
+
+#: The deadline of an entry that can neither go stale nor expire.
+NEVER = MAX_TIME
+
 
 @dataclass(frozen=True, slots=True)
 class Owner:
@@ -31,17 +36,21 @@ class Entry:
     owner: Owner = field(default_factory=Owner)
     description: str = ""
     wait_until: datetime | None = None  # may wait for room until then (creation + spec.wait)
+    #: Alive as long as its pod (spec.liveness Pod): never stale; released when the pod ends.
+    pod_lifetime: bool = False
 
     def is_expired(self, now: datetime) -> bool:
         """The entry has a hard expiry and it has passed."""
         return self.expires_at is not None and self.expires_at <= now
 
     def is_stale(self, now: datetime, window: timedelta) -> bool:
-        """The last heartbeat is older than ``window``."""
-        return now - self.last_heartbeat > window
+        """The last heartbeat is older than ``window`` (never, for a pod's lifetime)."""
+        return not self.pod_lifetime and now - self.last_heartbeat > window
 
     def deadline(self, window: timedelta) -> datetime:
         """The first moment the entry is stale or expired, whichever comes first."""
+        if self.pod_lifetime:
+            return self.expires_at or NEVER
         stale_at = self.last_heartbeat + window
         if self.expires_at is not None and self.expires_at < stale_at:
             return self.expires_at

@@ -160,6 +160,36 @@ class Ledger:
         self._failures[reason] += 1
         return Decision(False, reason, message, entry)
 
+    def record(self, entry: Entry, now: datetime) -> Decision:
+        """Account memory already in use: a pod the scheduler placed without asking.
+
+        Never refused for room (the pod runs there whatever the ledger says): admitted
+        with reason Fits when it fits, OverCommitted with the numbers when it does not,
+        so the node's summary shows the over-commitment instead of hiding it. What is
+        wrong with the claim itself (a duplicate id, a bad size) is refused as usual.
+        """
+        refusal = self._refusal(entry, now)
+        if refusal is None:
+            return self.reserve(entry, now)
+        reason, message = refusal
+        if reason not in (
+            Reason.INSUFFICIENT_RAM,
+            Reason.INSUFFICIENT_VRAM,
+            Reason.TOO_MANY_ENTRIES,
+            Reason.ALREADY_EXPIRED,
+            Reason.NODE_UNKNOWN,
+        ):
+            self._failures[reason] += 1
+            return Decision(False, reason, message, entry)
+        self._add(self._node(entry.node), entry)
+        return Decision(
+            True, Reason.OVER_COMMITTED, f"already running there, over the limit: {message}", entry
+        )
+
+    def refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
+        """Why ``entry`` would be refused now, or None if it fits (no change, no counter)."""
+        return self._refusal(entry, now)
+
     def admit_waiting(
         self,
         now: datetime,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -137,6 +137,24 @@ class OperatorMetrics:
             buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400),
             registry=self.registry,
         )
+        self.pods_gated = Gauge(
+            f"{PREFIX}_pods_gated",
+            "Pods held now by the scheduling gate headroom.dev/admission.",
+            registry=self.registry,
+        )
+        self.gate_wait = Histogram(
+            f"{PREFIX}_pod_gate_seconds",
+            "From the operator first seeing a gated pod to its pin-and-ungate patch landing.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600),
+            registry=self.registry,
+        )
+        self.ungate_failures = Counter(
+            f"{PREFIX}_pod_ungate_failures",
+            "Pin-and-ungate patches refused (the reservation is reclaimed UngateRefused), by "
+            "the API server's reason.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.reclaims = Counter(
             f"{PREFIX}_reclaims",
             "Reservations reclaimed, by reason.",
@@ -158,3 +176,13 @@ class OperatorMetrics:
 
     def status_write_failed(self) -> None:
         self.status_write_failures.inc()
+
+    def ungated(self, seconds: float) -> None:
+        self.gate_wait.observe(seconds)
+
+    def ungate_failed(self, reason: str) -> None:
+        self.ungate_failures.labels(reason).inc()
+
+    def count_gated(self, gated: Callable[[], int]) -> None:
+        """Read the number of gated pods from ``gated`` at each scrape."""
+        self.pods_gated.set_function(gated)

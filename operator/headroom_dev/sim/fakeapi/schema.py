@@ -42,6 +42,9 @@ CEL_RULES: dict[str, CelRule] = {
     "self >= timestamp('1970-01-01T00:00:00Z') && self < timestamp('9000-01-01T00:00:00Z')": (
         lambda value, _: "1970" <= value[:4] < "9000"
     ),
+    "!has(self.liveness) || self.liveness != 'Pod' || (has(self.owner) && has(self.owner.pod))": (
+        lambda spec, _: spec.get("liveness") != "Pod" or "pod" in (spec.get("owner") or {})
+    ),
     # spec.wait has already matched the Go-duration pattern.
     "duration(self) <= duration('86400s')": lambda value, _: _seconds(value) <= 86400,
 }

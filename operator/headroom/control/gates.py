@@ -1,0 +1,481 @@
+"""Gated pods: reserve their memory, pin them where it was admitted, give it back when they end.
+
+A pod labelled ``headroom.dev/claim: "true"`` is created behind the scheduling gate
+``headroom.dev/admission`` (the webhook adds it). For each such pod this module
+keeps one Reservation — same namespace and name as the pod, owned by it, with
+``spec.liveness: Pod`` — and brings the pod and that reservation into agreement,
+level-triggered, from every path (pod watch, reservation reconcile, a decision
+confirmed, the resync):
+
+- gated, no reservation: choose a node the pod may run on (its hard constraints;
+  best first as ``kubectl headroom fit`` orders them, the first that fits now, else
+  the best to wait on) and create the reservation; the decider decides it like
+  any other, in creation order;
+- gated, its reservation Admitted *and written*: one patch pins the pod to that
+  node, names the reservation and removes the gate. Only a written admission
+  lets a pod run: a crash before the write must not leave a pod running on a
+  decision nobody recorded. A patch refused (another admission plugin, foreign
+  constraints) reclaims the reservation (``UngateRefused``): nothing stays
+  Admitted while its pod stays gated;
+- gated, its reservation finally refused (its wait ran out): shown on the pod; a
+  pod that set no wait of its own gets a new reservation, so it waits as long as
+  it is gated;
+- not gated but bound (the webhook missed it, or the label came later): its claim
+  is recorded on the node it runs on, over the limit if it must be
+  (``OverCommitted``), never pretended away;
+- Succeeded or Failed: its reservation is reclaimed at once (``OwnerPodFinished``).
+  A deleted pod's reservation goes with the pod's owner label (``headroom.control
+  .owners``) and with the garbage collector (its ownerReference); no finalizer is
+  ever involved, so nothing waits for the operator.
+
+Names are deterministic, so "no pod gets two reservations" holds across restarts
+and races: a second create answers 409 and the existing one is adopted if it is
+this pod incarnation's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from headroom.api.claims import PodClaim, pod_claim
+from headroom.api.constants import OWNER_LABEL
+from headroom.api.parse import InvalidValueError
+from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
+from headroom.api.reasons import Phase, Reason
+from headroom.api.refs import ObjectRef
+from headroom.control.state import PodKey, Record, State
+from headroom.control.tasks import BackgroundTasks
+from headroom.control.telemetry import NoTelemetry, Telemetry
+from headroom.kube.backoff import Backoff
+from headroom.kube.clock import Clock
+from headroom.kube.events import EventRecorder
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
+from headroom.ledger import Entry
+from headroom.objects.pods import (
+    bound_node,
+    is_finished,
+    is_gated,
+    may_run_on,
+    owning_pod_uid,
+    pod_reservation,
+    ungate_patch,
+)
+
+log = logging.getLogger(__name__)
+CLAIM_SELECTOR = "headroom.dev/claim=true"
+_RETRY_FIRST, _RETRY_CAP = 10.0, 300.0  # a new reservation after a refusal, per pod
+
+
+def _over(record: Record) -> bool:
+    return record.decision.reason == Reason.OVER_COMMITTED
+
+
+class _DeposedError(Exception):
+    """This process may no longer act (it lost the Lease): stop, write nothing."""
+
+
+@dataclass(slots=True)
+class ClaimPod:
+    """An opted-in pod as last seen, and where its gate stands."""
+
+    obj: JSON
+    uid: str
+    gated_at: float | None = None  # monotonic, when first seen gated
+    said: str = ""  # the last Event posted about it (one per state)
+    retry_after: float = 0.0  # monotonic; no new reservation before
+    retries: int = 0
+
+
+class Gates:
+    def __init__(
+        self,
+        state: State,
+        transport: Transport,
+        events: EventRecorder,
+        clock: Clock,
+        *,
+        reclaim: Callable[[Record, Reason, str], None],
+        may_act: Callable[[], bool],
+        rng: random.Random,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self._state, self._transport, self._events, self._clock = state, transport, events, clock
+        self._reclaim, self._may_act, self._rng = reclaim, may_act, rng
+        self._telemetry = telemetry or NoTelemetry()
+        self._pods: dict[PodKey, ClaimPod] = {}
+        self._reservations: dict[PodKey, tuple[str, str | None]] = {}  # -> (its uid, pod uid)
+        self._pod_of: dict[str, PodKey] = {}  # reservation uid -> the pod key it is named for
+        self._busy: set[PodKey] = set()  # a create or an ungate is in flight
+        self._tasks = BackgroundTasks()
+        self._timers: dict[PodKey, asyncio.TimerHandle] = {}
+        self.started = False  # nothing is done before the ledger is rebuilt
+
+    # -- what the operator sees --------------------------------------------------------------
+
+    @property
+    def gated(self) -> int:
+        """Pods held by our gate now."""
+        return sum(1 for pod in self._pods.values() if is_gated(pod.obj))
+
+    def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        uid = str(meta.get("uid", ""))
+        if event_type == "DELETED":
+            seen = self._pods.get(key)
+            if seen is not None and seen.uid == uid:
+                del self._pods[key]
+            return  # its reservation goes with its owner label and its ownerReference
+        seen = self._pods.get(key)
+        if seen is None or seen.uid != uid:
+            seen = self._pods[key] = ClaimPod(obj, uid)
+        seen.obj = obj
+        if is_gated(obj) and seen.gated_at is None:
+            seen.gated_at = self._clock.monotonic()
+        self.poke(key)
+
+    async def relist(self) -> str:
+        asked = self._clock.monotonic()
+        pods, version = await list_all(self._transport, PODS, label_selector=CLAIM_SELECTOR)
+        self.take(pods, listed_at=asked)
+        return version
+
+    def take(self, pods: list[JSON], *, listed_at: float) -> None:
+        listed = set()
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            listed.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+            self.on_pod(None, pod, listed_at=listed_at)
+        for key in [k for k in self._pods if k not in listed]:
+            del self._pods[key]
+
+    def reservation_seen(self, obj: JSON) -> None:
+        """A Reservation owned by a pod exists (any path of the reconcile)."""
+        pod_uid = owning_pod_uid(obj)
+        if pod_uid is None:
+            return
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        uid = str(meta.get("uid", ""))
+        if self._reservations.get(key, ("", None))[0] != uid:
+            self._reservations[key] = (uid, pod_uid)
+            self._pod_of[uid] = key
+            self.poke(key)
+
+    def reservation_gone(self, uid: str) -> None:
+        key = self._pod_of.pop(uid, None)
+        if key is not None and self._reservations.get(key, ("", None))[0] == uid:
+            del self._reservations[key]
+            self.poke(key)
+
+    def decided(self, record: Record) -> None:
+        """A decision reached its object: a gated pod may go now."""
+        key = (record.namespace, record.name)
+        if key in self._reservations:
+            self.poke(key)
+
+    def nodes_changed(self) -> None:
+        """A node came, went or changed: pods that found no node may find one now."""
+        for key, pod in self._pods.items():
+            if key not in self._reservations and is_gated(pod.obj):
+                self.poke(key)
+
+    def bound_to(self, namespace: str, pod: str) -> str | None:
+        """The node a claiming pod runs on without our gate having placed it, if any."""
+        seen = self._pods.get((namespace, pod))
+        if seen is None or is_gated(seen.obj) or is_finished(seen.obj):
+            return None
+        return bound_node(seen.obj)
+
+    def start(self) -> None:
+        self.started = True
+        for key in list(self._pods):
+            self.poke(key)
+
+    # -- bringing a pod and its reservation into agreement --------------------------------------
+
+    def poke(self, key: PodKey) -> None:
+        """Do what the pod needs next, if anything (never more than one thing at a time)."""
+        seen = self._pods.get(key)
+        if seen is None or key in self._busy or not self.started or not self._may_act():
+            return
+        try:
+            self._step(key, seen)
+        except Exception:  # one pod must never stop the others
+            log.exception("pod %s/%s not handled", *key)
+
+    def _step(self, key: PodKey, seen: ClaimPod) -> None:
+        pod = seen.obj
+        record = self._record(key, seen)
+        if is_finished(pod):
+            if record is not None and record.held:
+                phase = (pod.get("status") or {}).get("phase")
+                self._reclaim(record, Reason.OWNER_POD_FINISHED, f"pod {key[1]} {phase}")
+            return
+        try:
+            claim = pod_claim(pod)
+        except InvalidValueError as error:
+            self._say(seen, "BadClaim", f"{error}; not gated by Headroom", "Warning")
+            return
+        known = self._reservations.get(key)
+        wait = seen.retry_after - self._clock.monotonic()
+        if known is None and wait > 0:
+            self._later(key, wait)  # refused a moment ago: not again at once
+            return
+        if is_gated(pod):
+            if known is None or known[1] != seen.uid:
+                if known is None:
+                    self._run(key, self._create(key, seen, claim))
+                else:  # left by an earlier pod of the same name: the GC's, or ours
+                    self._run(key, self._replace(key, seen, known[0]))
+            elif record is not None and record.held and record.confirmed:
+                self._run(key, self._ungate(key, seen, record))
+            elif record is not None and record.confirmed:
+                self._refused(key, seen, claim, record)
+        elif known is None and (node := bound_node(pod)) is not None:
+            self._run(key, self._create(key, seen, claim, node=node))  # the webhook missed it
+        elif record is not None and record.confirmed and record.held and _over(record):
+            self._say(seen, "OverCommitted", record.decision.message, "Warning")
+
+    def _record(self, key: PodKey, seen: ClaimPod) -> Record | None:
+        known = self._reservations.get(key)
+        if known is None or known[1] != seen.uid:
+            return None
+        return self._state.records.get(known[0])
+
+    def _refused(self, key: PodKey, seen: ClaimPod, claim: PodClaim, record: Record) -> None:
+        decision = record.decision
+        if decision.phase == Phase.QUEUED:
+            where = f" at position {decision.position}" if decision.position else ""
+            self._say(
+                seen, "Waiting", f"waits for room on node {record.node}{where}: {decision.message}"
+            )
+            return
+        if decision.phase == Phase.RECLAIMED and decision.reason == Reason.OWNER_POD_FINISHED:
+            return
+        self._say(seen, str(decision.reason), decision.message, "Warning")
+        if decision.reason == Reason.WAIT_TIMEOUT and claim.wait is not None:
+            return  # its own wait ran out: it stays gated, and says why
+        now = self._clock.monotonic()
+        if now < seen.retry_after:
+            self._later(key, seen.retry_after - now)
+            return
+        self._backoff(seen)
+        self._run(key, self._replace(key, seen, record.uid))
+
+    def _backoff(self, seen: ClaimPod) -> None:
+        seen.retries += 1
+        delay = min(_RETRY_FIRST * 2 ** min(seen.retries - 1, 10), _RETRY_CAP)
+        seen.retry_after = self._clock.monotonic() + delay
+
+    # -- the API calls ---------------------------------------------------------------------------
+
+    async def _create(
+        self, key: PodKey, seen: ClaimPod, claim: PodClaim, *, node: str | None = None
+    ) -> None:
+        if node is None:
+            node = self._choose(key, seen.obj, claim)
+            if node is None:
+                self._say(
+                    seen,
+                    "NoNode",
+                    "no known node matches the pod's node selector, affinity "
+                    "and tolerations; it stays gated",
+                    "Warning",
+                )
+                return
+        if (seen.obj.get("metadata") or {}).get("labels", {}).get(OWNER_LABEL) != "true":
+            await self._call(  # its deletion is then followed like any owner pod's
+                lambda: self._transport.json_patch(
+                    pod_path(*key),
+                    [
+                        {"op": "test", "path": "/metadata/uid", "value": seen.uid},
+                        {
+                            "op": "add",
+                            "path": "/metadata/labels/" + OWNER_LABEL.replace("/", "~1"),
+                            "value": "true",
+                        },
+                    ],
+                )
+            )
+        body = pod_reservation(seen.obj, claim, node)
+        path = resource_path("headroom.dev", "v1alpha1", "reservations", key[0])
+        try:
+            created = await self._call(lambda: self._transport.create(path, body))
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            created = await self._call(lambda: self._transport.get(reservation_path(*key)))
+        if owning_pod_uid(created) is None:  # a tenant's own reservation has the pod's name
+            self._backoff(seen)
+            self._say(
+                seen,
+                "ReservationNameTaken",
+                f"a Reservation named {key[1]} that no pod owns exists; delete it, "
+                "or the pod stays gated",
+                "Warning",
+            )
+            return
+        self.reservation_seen(created)
+
+    async def _replace(self, key: PodKey, seen: ClaimPod, uid: str) -> None:
+        """Delete a reservation this pod cannot use (an earlier pod's, or one refused)."""
+        try:
+            await self._call(lambda: self._transport.delete(reservation_path(*key), uid=uid))
+        except ApiError as error:
+            if not (error.not_found or error.conflict):
+                raise
+        self.reservation_gone(uid)
+
+    async def _ungate(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
+        operations = ungate_patch(seen.obj, record.node, record.name)
+        if operations is None:
+            return
+        try:
+            pod = await self._call(lambda: self._transport.json_patch(pod_path(*key), operations))
+        except ApiError as error:
+            if error.not_found:
+                return  # gone: its owner label releases the reservation
+            current = await self._fresh(key)
+            same = current is not None and (current.get("metadata") or {}).get("uid") == seen.uid
+            if same and current is not None and is_gated(current) and error.status != 409:
+                self._telemetry.ungate_failed(error.reason or str(error.status))
+                why = f"pod {key[1]} could not be pinned to {record.node} and ungated: "
+                self._reclaim(record, Reason.UNGATE_REFUSED, why + error.message)
+                self._say(seen, "UngateRefused", why + error.message, "Warning")
+            return
+        seen.obj = pod
+        if seen.gated_at is not None:
+            self._telemetry.ungated(self._clock.monotonic() - seen.gated_at)
+        self._say(seen, "Admitted", f"pinned to node {record.node}; reservation {record.name}")
+
+    async def _fresh(self, key: PodKey) -> JSON | None:
+        try:
+            pod = await self._call(lambda: self._transport.get(pod_path(*key)))
+        except ApiError as error:
+            if error.not_found:
+                return None
+            raise
+        seen = self._pods.get(key)
+        if seen is not None and seen.uid == (pod.get("metadata") or {}).get("uid"):
+            seen.obj = pod
+        return pod
+
+    async def _call(self, call: Callable[[], Awaitable[JSON]]) -> JSON:
+        """Retry what got no answer (or 429/5xx); an answer that says no is raised."""
+        backoff = Backoff(base=0.2, cap=10.0, rng=self._rng)
+        while True:
+            if not self._may_act():
+                raise _DeposedError
+            try:
+                return await call()
+            except ApiError as error:
+                if not error.retriable:
+                    raise
+                failure: Exception = error
+            except ApiUnavailableError as error:
+                failure = error
+            delay = backoff.next()
+            log.warning("gating call failed (%s); again in %.1fs", failure, delay)
+            await asyncio.sleep(delay)
+
+    # -- choosing a node -------------------------------------------------------------------------
+
+    def _choose(self, key: PodKey, pod: JSON, claim: PodClaim) -> str | None:
+        """The first node, best first, the pod may run on and fits on now; else the best
+        one it may run on (it waits there); None when it may run on none we know."""
+        state, now = self._state, self._clock.now()
+        ledger = state.ledger
+        if claim.node is not None:
+            facts = state.node_facts.get(claim.node)
+            return claim.node if facts is None or may_run_on(pod, facts) else None
+        candidates = [
+            name
+            for name, facts in state.node_facts.items()
+            if ledger.knows(name) and may_run_on(pod, facts)
+        ]
+
+        def best_first(name: str) -> tuple[int, int, int, str]:
+            summary = ledger.node_summary(name, now)
+            vram = summary.vram_capacity_mb
+            free_vram = vram - summary.reserved_vram_mb if vram is not None else 0
+            return (-summary.allocatable_ram_mb, vram is None, -free_vram, name)
+
+        candidates.sort(key=best_first)
+        for name in candidates:
+            entry = Entry(
+                id=f"{key[0]}/{key[1]}",
+                node=name,
+                ram_mb=claim.ram_mb,
+                vram_mb=claim.vram_mb,
+                created_at=now,
+                last_heartbeat=now,
+                pod_lifetime=True,
+            )
+            if ledger.refusal(entry, now) is None:
+                return name
+        return candidates[0] if candidates else None
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _run(self, key: PodKey, coroutine: Coroutine[Any, Any, None]) -> None:
+        self._busy.add(key)
+
+        async def one_at_a_time() -> None:
+            try:
+                await coroutine
+            except _DeposedError:
+                self._busy.discard(key)
+                return  # the next leader does it
+            except (ApiError, ApiUnavailableError) as error:
+                log.warning("pod %s/%s: %s; tried again", *key, error)
+                self._later(key, _RETRY_FIRST)
+            except Exception:
+                log.exception("pod %s/%s not handled", *key)
+            finally:
+                self._busy.discard(key)
+            self.poke(key)
+
+        self._tasks.spawn(one_at_a_time())
+
+    def _later(self, key: PodKey, delay: float) -> None:
+        if key in self._timers:
+            return
+        loop = asyncio.get_running_loop()
+
+        def again() -> None:
+            self._timers.pop(key, None)
+            self.poke(key)
+
+        self._timers[key] = loop.call_later(delay, again)
+
+    def _say(
+        self,
+        seen: ClaimPod,
+        reason: str,
+        message: str,
+        kind: Literal["Normal", "Warning"] = "Normal",
+    ) -> None:
+        """One Event per state of the pod (not one per poke)."""
+        said = f"{reason}:{message}"
+        if seen.said == said:
+            return
+        seen.said = said
+        meta = seen.obj.get("metadata") or {}
+        self._events.record(
+            ObjectRef("v1", "Pod", str(meta.get("name")), seen.uid, str(meta.get("namespace"))),
+            reason,
+            message[:1024],
+            kind,
+        )
+
+    async def stop(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        await self._tasks.stop()

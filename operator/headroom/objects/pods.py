@@ -1,0 +1,279 @@
+"""Gated pods in ledger terms: where a pod may run, and the patches that place it.
+
+Pure: no I/O. The operator reserves a gated pod's memory on a node the pod may
+run on, so the candidates are exactly the nodes kube-scheduler could pick by the
+pod's hard constraints — ``spec.nodeSelector``, required node affinity
+(``matchExpressions`` on labels, ``matchFields`` on ``metadata.name``; terms are
+ORed), NoSchedule/NoExecute taints against its tolerations, and
+``spec.unschedulable`` — so that the pin we add never contradicts the pod. Soft
+constraints (preferred affinity, spreading) are left to the scheduler inside
+the one node we pin.
+
+The pin is a required ``matchFields metadata.name In [node]``, added to every
+existing term (terms are ORed, and a gated pod's terms accept added requirements
+only) or as a new required affinity; one JSON patch adds it, records the
+reservation's name and removes our gate, guarded by ``test`` operations on the
+pod's uid and on the gate, so it never lands on another incarnation or after
+someone else moved the gates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from headroom.api.claims import PodClaim
+from headroom.api.constants import (
+    API_VERSION,
+    MAX_WAIT,
+    RESERVATION_ANNOTATION,
+    SCHEDULING_GATE,
+)
+
+JSON = dict[str, Any]
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What decides whether a pod may run on a node, copied from the Node."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[JSON, ...] = ()
+    unschedulable: bool = False
+
+
+def node_facts(obj: JSON) -> NodeFacts:
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    labels = meta.get("labels") or {}
+    taints = spec.get("taints") or []
+    return NodeFacts(
+        name=str(meta.get("name", "")),
+        labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+        taints=tuple(t for t in taints if isinstance(t, dict)) if isinstance(taints, list) else (),
+        unschedulable=spec.get("unschedulable") is True,
+    )
+
+
+# -- where a pod may run -----------------------------------------------------------------------
+
+
+def may_run_on(pod: JSON, node: NodeFacts) -> bool:
+    """Whether kube-scheduler's hard constraints of ``pod`` allow ``node``."""
+    spec = pod.get("spec") or {}
+    selector = spec.get("nodeSelector") or {}
+    if any(node.labels.get(key) != value for key, value in selector.items()):
+        return False
+    terms = _required_terms(spec)
+    if terms is not None and not any(_term_matches(term, node) for term in terms):
+        return False
+    tolerations = [t for t in spec.get("tolerations") or [] if isinstance(t, dict)]
+    taints = list(node.taints)
+    if node.unschedulable:
+        taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"})
+    return all(
+        taint.get("effect") not in ("NoSchedule", "NoExecute")
+        or any(_tolerates(toleration, taint) for toleration in tolerations)
+        for taint in taints
+    )
+
+
+def _required_terms(spec: JSON) -> list[JSON] | None:
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(_REQUIRED) or {}
+    terms = required.get("nodeSelectorTerms")
+    return [t for t in terms if isinstance(t, dict)] if terms else None
+
+
+def _term_matches(term: JSON, node: NodeFacts) -> bool:
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False  # an empty term matches no objects (as the scheduler reads it)
+    return all(_requirement(r, node.labels) for r in expressions) and all(
+        _requirement(r, {"metadata.name": node.name}) for r in fields
+    )
+
+
+def _requirement(requirement: JSON, values: dict[str, str]) -> bool:
+    key, operator = requirement.get("key"), requirement.get("operator")
+    wanted = [str(v) for v in requirement.get("values") or []]
+    present = key in values
+    value = values.get(str(key), "")
+    if operator == "In":
+        return present and value in wanted
+    if operator == "NotIn":
+        return not present or value not in wanted
+    if operator == "Exists":
+        return present
+    if operator == "DoesNotExist":
+        return not present
+    if operator in ("Gt", "Lt") and present and len(wanted) == 1:
+        try:
+            have, bound = int(value), int(wanted[0])
+        except ValueError:
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return False
+
+
+def _tolerates(toleration: JSON, taint: JSON) -> bool:
+    effect = toleration.get("effect")
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key")
+    if toleration.get("operator") == "Exists":
+        return not key or key == taint.get("key")
+    return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+# -- a pod's state ----------------------------------------------------------------------------
+
+
+def is_gated(pod: JSON) -> bool:
+    """Whether our scheduling gate holds the pod."""
+    return _gate_index(pod) is not None
+
+
+def _gate_index(pod: JSON) -> int | None:
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    for index, gate in enumerate(gates):
+        if isinstance(gate, dict) and gate.get("name") == SCHEDULING_GATE:
+            return index
+    return None
+
+
+def is_finished(pod: JSON) -> bool:
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def bound_node(pod: JSON) -> str | None:
+    node = (pod.get("spec") or {}).get("nodeName")
+    return node if isinstance(node, str) and node else None
+
+
+# -- the reservation of a pod -----------------------------------------------------------------
+
+
+def pod_reservation(pod: JSON, claim: PodClaim, node: str) -> JSON:
+    """The Reservation that holds a pod's memory: same namespace and name as the pod,
+    owned by it (the garbage collector deletes it with the pod), alive as long as it."""
+    meta = pod.get("metadata") or {}
+    name = str(meta.get("name"))
+    wait = claim.wait if claim.wait is not None else MAX_WAIT
+    spec: JSON = {
+        "node": node,
+        "ramMB": claim.ram_mb,
+        "owner": {"pod": name, "surface": "pod"},
+        "liveness": "Pod",
+        "wait": _go_duration(wait),
+        "description": f"memory of pod {name}",
+    }
+    if claim.vram_mb:
+        spec["vramMB"] = claim.vram_mb
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Reservation",
+        "metadata": {
+            "name": name,
+            "namespace": meta.get("namespace"),
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": name,
+                    "uid": meta.get("uid"),
+                    # No finalizer and no foreground blocking: deleting a pod never
+                    # waits for the operator.
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+
+
+def _go_duration(duration: timedelta) -> str:
+    return f"{max(int(duration.total_seconds()), 1)}s"
+
+
+def owning_pod_uid(reservation: JSON) -> str | None:
+    """The uid of the pod a Reservation belongs to (its Pod ownerReference), if any."""
+    for ref in (reservation.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
+            uid = ref.get("uid")
+            return str(uid) if uid else None
+    return None
+
+
+# -- ungating ---------------------------------------------------------------------------------
+
+
+def ungate_patch(pod: JSON, node: str, reservation: str) -> list[JSON] | None:
+    """One JSON patch: pin to ``node``, name the reservation, remove our gate.
+    None when our gate is not there (nothing to do)."""
+    index = _gate_index(pod)
+    if index is None:
+        return None
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    gate_path = f"/spec/schedulingGates/{index}"
+    ops: list[JSON] = [
+        {"op": "test", "path": "/metadata/uid", "value": meta.get("uid")},
+        {"op": "test", "path": f"{gate_path}/name", "value": SCHEDULING_GATE},
+        {"op": "remove", "path": gate_path},
+        *_pin(spec, node),
+    ]
+    if meta.get("annotations"):
+        path = f"/metadata/annotations/{_pointer(RESERVATION_ANNOTATION)}"
+        ops.append(_add(path, reservation))
+    else:
+        ops.append(_add("/metadata/annotations", {RESERVATION_ANNOTATION: reservation}))
+    return ops
+
+
+def _pointer(key: str) -> str:
+    """A map key as one JSON Pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _add(path: str, value: object) -> JSON:
+    return {"op": "add", "path": path, "value": value}
+
+
+def _pin(spec: JSON, node: str) -> list[JSON]:
+    requirement = {"key": "metadata.name", "operator": "In", "values": [node]}
+    term = {"matchFields": [requirement]}
+    affinity = spec.get("affinity")
+    node_affinity = (affinity or {}).get("nodeAffinity")
+    terms = ((node_affinity or {}).get(_REQUIRED) or {}).get("nodeSelectorTerms")
+    if terms:
+        base = f"/spec/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms"
+        ops: list[JSON] = []
+        for index, existing in enumerate(terms):
+            if (existing or {}).get("matchFields"):
+                ops.append(_add(f"{base}/{index}/matchFields/-", requirement))
+            else:
+                ops.append(_add(f"{base}/{index}/matchFields", [requirement]))
+        return ops
+    required = {"nodeSelectorTerms": [term]}
+    if not affinity:
+        return [_add("/spec/affinity", {"nodeAffinity": {_REQUIRED: required}})]
+    if not node_affinity:
+        return [_add("/spec/affinity/nodeAffinity", {_REQUIRED: required})]
+    return [_add(f"/spec/affinity/nodeAffinity/{_REQUIRED}", required)]
+
+
+def pinned_node(pod: JSON) -> str | None:
+    """The node our pin names, if the pod carries one in every required term."""
+    terms = _required_terms(pod.get("spec") or {}) or []
+    nodes = set()
+    for term in terms:
+        for requirement in term.get("matchFields") or []:
+            if requirement.get("key") == "metadata.name" and requirement.get("operator") == "In":
+                values = requirement.get("values") or []
+                if len(values) == 1:
+                    nodes.add(str(values[0]))
+    return nodes.pop() if len(nodes) == 1 else None
