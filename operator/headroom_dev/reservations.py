@@ -92,11 +92,18 @@ def wait_for(
     phases: tuple[str, ...] = DECIDED,
     timeout: float = 30.0,
 ) -> dict[str, Any]:
-    """Poll until the reservation's phase is one of ``phases``; return the object."""
+    """Poll until the reservation exists and its phase is one of ``phases``; return it.
+    (Not there yet is waited out: the operator creates the reservations of gated pods.)"""
     deadline = time.monotonic() + timeout
     obj: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        obj = get(custom, namespace, name)
+        try:
+            obj = get(custom, namespace, name)
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+            time.sleep(0.05)
+            continue
         if (obj.get("status") or {}).get("phase") in phases:
             return obj
         time.sleep(0.05)

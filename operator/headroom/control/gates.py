@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from headroom.api.claims import PodClaim, pod_claim
-from headroom.api.constants import OWNER_LABEL
+from headroom.api.constants import MAX_NODE_SUM_MB, OWNER_LABEL
 from headroom.api.parse import InvalidValueError
 from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
 from headroom.api.reasons import Phase, Reason
@@ -55,7 +55,6 @@ from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
-from headroom.ledger import Entry
 from headroom.objects.pods import (
     bound_node,
     is_finished,
@@ -69,6 +68,10 @@ from headroom.objects.pods import (
 log = logging.getLogger(__name__)
 CLAIM_SELECTOR = "headroom.dev/claim=true"
 _RETRY_FIRST, _RETRY_CAP = 10.0, 300.0  # a new reservation after a refusal, per pod
+
+
+def _created(pod: JSON) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
 
 
 def _over(record: Record) -> bool:
@@ -89,6 +92,7 @@ class ClaimPod:
     said: str = ""  # the last Event posted about it (one per state)
     retry_after: float = 0.0  # monotonic; no new reservation before
     retries: int = 0
+    refused: str = ""  # the uid of its last reservation seen finally refused
 
 
 class Gates:
@@ -111,6 +115,12 @@ class Gates:
         self._reservations: dict[PodKey, tuple[str, str | None]] = {}  # -> (its uid, pod uid)
         self._pod_of: dict[str, PodKey] = {}  # reservation uid -> the pod key it is named for
         self._busy: set[PodKey] = set()  # a create or an ungate is in flight
+        self._stirred: set[PodKey] = set()  # something changed while it was
+        # Reservations are created one at a time, in the order pods were seen (a fair
+        # lock), so the decider sees them in the pods' creation order; and what is
+        # created but not decided yet counts against its node when the next is placed.
+        self._creating = asyncio.Lock()
+        self._planned: dict[PodKey, tuple[str, int, int]] = {}  # -> (node, RAM, VRAM)
         self._tasks = BackgroundTasks()
         self._timers: dict[PodKey, asyncio.TimerHandle] = {}
         self.started = False  # nothing is done before the ledger is rebuilt
@@ -169,6 +179,8 @@ class Gates:
 
     def reservation_gone(self, uid: str) -> None:
         key = self._pod_of.pop(uid, None)
+        if key is not None:
+            self._planned.pop(key, None)
         if key is not None and self._reservations.get(key, ("", None))[0] == uid:
             del self._reservations[key]
             self.poke(key)
@@ -176,6 +188,7 @@ class Gates:
     def decided(self, record: Record) -> None:
         """A decision reached its object: a gated pod may go now."""
         key = (record.namespace, record.name)
+        self._planned.pop(key, None)  # the ledger holds it now, or never will
         if key in self._reservations:
             self.poke(key)
 
@@ -194,7 +207,7 @@ class Gates:
 
     def start(self) -> None:
         self.started = True
-        for key in list(self._pods):
+        for key in sorted(self._pods, key=lambda k: (_created(self._pods[k].obj), k)):
             self.poke(key)
 
     # -- bringing a pod and its reservation into agreement --------------------------------------
@@ -202,7 +215,10 @@ class Gates:
     def poke(self, key: PodKey) -> None:
         """Do what the pod needs next, if anything (never more than one thing at a time)."""
         seen = self._pods.get(key)
-        if seen is None or key in self._busy or not self.started or not self._may_act():
+        if key in self._busy:
+            self._stirred.add(key)  # looked at again when the call in flight ends
+            return
+        if seen is None or not self.started or not self._may_act():
             return
         try:
             self._step(key, seen)
@@ -261,12 +277,14 @@ class Gates:
         self._say(seen, str(decision.reason), decision.message, "Warning")
         if decision.reason == Reason.WAIT_TIMEOUT and claim.wait is not None:
             return  # its own wait ran out: it stays gated, and says why
-        now = self._clock.monotonic()
-        if now < seen.retry_after:
-            self._later(key, seen.retry_after - now)
+        if seen.refused != record.uid:  # first seen refused: it stays visible a while
+            seen.refused = record.uid
+            self._backoff(seen)
+        wait = seen.retry_after - self._clock.monotonic()
+        if wait > 0:
+            self._later(key, wait)
             return
-        self._backoff(seen)
-        self._run(key, self._replace(key, seen, record.uid))
+        self._run(key, self._replace(key, seen, record.uid))  # then a new one is made
 
     def _backoff(self, seen: ClaimPod) -> None:
         seen.retries += 1
@@ -278,7 +296,10 @@ class Gates:
     async def _create(
         self, key: PodKey, seen: ClaimPod, claim: PodClaim, *, node: str | None = None
     ) -> None:
-        if node is None:
+        if node is not None:  # already placed by the scheduler: nothing to choose
+            await self._make(key, seen, claim, node)
+            return
+        async with self._creating:
             node = self._choose(key, seen.obj, claim)
             if node is None:
                 self._say(
@@ -289,6 +310,14 @@ class Gates:
                     "Warning",
                 )
                 return
+            self._planned[key] = (node, claim.ram_mb, claim.vram_mb)
+            try:
+                await self._make(key, seen, claim, node)
+            except BaseException:
+                self._planned.pop(key, None)
+                raise
+
+    async def _make(self, key: PodKey, seen: ClaimPod, claim: PodClaim, node: str) -> None:
         if (seen.obj.get("metadata") or {}).get("labels", {}).get(OWNER_LABEL) != "true":
             await self._call(  # its deletion is then followed like any owner pod's
                 lambda: self._transport.json_patch(
@@ -322,6 +351,8 @@ class Gates:
             )
             return
         self.reservation_seen(created)
+        if (created.get("metadata") or {}).get("uid") in self._state.records:
+            self._planned.pop(key, None)  # adopted, and already decided
 
     async def _replace(self, key: PodKey, seen: ClaimPod, uid: str) -> None:
         """Delete a reservation this pod cannot use (an earlier pod's, or one refused)."""
@@ -388,38 +419,41 @@ class Gates:
 
     def _choose(self, key: PodKey, pod: JSON, claim: PodClaim) -> str | None:
         """The first node, best first, the pod may run on and fits on now; else the best
-        one it may run on (it waits there); None when it may run on none we know."""
+        one it may run on (it waits there); None when it may run on none we know.
+
+        Best first is ``kubectl headroom fit``'s order (most allocatable RAM, then most
+        free VRAM, then name), on the ledger's figures less what was created for other
+        pods and is not decided yet."""
         state, now = self._state, self._clock.now()
-        ledger = state.ledger
         if claim.node is not None:
             facts = state.node_facts.get(claim.node)
             return claim.node if facts is None or may_run_on(pod, facts) else None
-        candidates = [
-            name
-            for name, facts in state.node_facts.items()
-            if ledger.knows(name) and may_run_on(pod, facts)
-        ]
-
-        def best_first(name: str) -> tuple[int, int, int, str]:
-            summary = ledger.node_summary(name, now)
-            vram = summary.vram_capacity_mb
-            free_vram = vram - summary.reserved_vram_mb if vram is not None else 0
-            return (-summary.allocatable_ram_mb, vram is None, -free_vram, name)
-
-        candidates.sort(key=best_first)
-        for name in candidates:
-            entry = Entry(
-                id=f"{key[0]}/{key[1]}",
-                node=name,
-                ram_mb=claim.ram_mb,
-                vram_mb=claim.vram_mb,
-                created_at=now,
-                last_heartbeat=now,
-                pod_lifetime=True,
+        planned: dict[str, tuple[int, int, int]] = {}
+        for node, ram, vram in self._planned.values():
+            had = planned.get(node, (0, 0, 0))
+            planned[node] = (had[0] + ram, had[1] + vram, had[2] + 1)
+        room: list[tuple[tuple[int, bool, int, str], bool]] = []
+        for name, facts in state.node_facts.items():
+            if not state.ledger.knows(name) or not may_run_on(pod, facts):
+                continue
+            summary = state.ledger.node_summary(name, now)
+            ram, vram, entries = planned.get(name, (0, 0, 0))
+            free_ram = summary.allocatable_ram_mb - ram
+            if summary.limit_ram_mb is None:  # RAM not limited on this node
+                free_ram = MAX_NODE_SUM_MB
+            capacity = summary.vram_capacity_mb
+            free_vram = capacity - summary.reserved_vram_mb - vram if capacity is not None else 0
+            fits = (
+                claim.ram_mb <= free_ram
+                and (capacity is None or claim.vram_mb <= free_vram)
+                and summary.active_entries + entries < summary.max_entries
             )
-            if ledger.refusal(entry, now) is None:
-                return name
-        return candidates[0] if candidates else None
+            room.append(((-free_ram, capacity is None, -free_vram, name), fits))
+        room.sort()
+        for order, fits in room:
+            if fits:
+                return order[3]
+        return room[0][0][3] if room else None
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -439,7 +473,9 @@ class Gates:
                 log.exception("pod %s/%s not handled", *key)
             finally:
                 self._busy.discard(key)
-            self.poke(key)
+            if key in self._stirred:
+                self._stirred.discard(key)
+                self.poke(key)
 
         self._tasks.spawn(one_at_a_time())
 
