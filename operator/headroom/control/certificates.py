@@ -102,7 +102,15 @@ class CertificateKeeper:
 
     async def sync(self) -> Bundle:
         """One pass: the Secret is current, its pair is served, its CAs are published."""
-        configuration = await self._configuration()
+        try:
+            configuration = await self._configuration()
+        except (ApiError, ApiUnavailableError):
+            # Serve what the Secret holds meanwhile; renewing waits for the configuration
+            # (a CA rotation must know what the API server trusts).
+            current = bundle_from_secret(await self._read_secret())
+            if current is not None:
+                await self._serve(current.cert, current.key)
+            raise
         published = None if configuration is None else published_bundle(configuration)
         bundle = await self._current_bundle(published)
         await self._serve(bundle.cert, bundle.key)
