@@ -71,7 +71,7 @@ def _elector(
 
 
 def _webhook(
-    config: OperatorConfig, client: KubeClient
+    config: OperatorConfig, client: KubeClient, clock: Clock
 ) -> tuple[WebhookServer, CertificateKeeper] | None:
     """The admission webhook's server and the keeper of its certificate, when enabled."""
     webhook = config.webhook
@@ -93,6 +93,7 @@ def _webhook(
             policy=CertificatePolicy(names, certificate.ca_validity, certificate.validity),
         ),
         server.load,
+        clock=clock,
         period=certificate.check_period.total_seconds(),
     )
     return server, keeper
@@ -133,7 +134,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
         time_left=elector.time_left if elector is not None else (lambda: math.inf),
     )
     metrics.registry.register(EventsCollector(controller.events))
-    webhook = _webhook(config, client)
+    webhook = _webhook(config, client, clock)
     probes = ProbeServer(
         controller,
         metrics,

@@ -25,11 +25,11 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from urllib.parse import quote
 
 from headroom.api.paths import resource_path
 from headroom.kube.backoff import Backoff
+from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.objects.certificates import (
     Bundle,
@@ -67,12 +67,12 @@ class CertificateKeeper:
         target: CertificateTarget,
         serve: Callable[[bytes, bytes], Awaitable[None]],
         *,
+        clock: Clock,
         period: float,
-        now: Callable[[], datetime] = lambda: datetime.now(UTC),
         rng: random.Random | None = None,
     ) -> None:
         self._transport, self._target, self._serve = transport, target, serve
-        self._period, self._now = period, now
+        self._period, self._clock = period, clock
         self._backoff = Backoff(base=0.5, cap=period, rng=rng or random.Random())
         self._secrets = resource_path("", "v1", "secrets", target.namespace)
         self._secret_path = f"{self._secrets}/{quote(target.secret, safe='')}"
@@ -123,7 +123,7 @@ class CertificateKeeper:
             secret = await self._read_secret()
             current = bundle_from_secret(secret)
             plan = await asyncio.to_thread(
-                renewal, current, self._target.policy, self._now(), published
+                renewal, current, self._target.policy, self._clock.now(), published
             )
             if plan is None:
                 assert current is not None  # renewal() always replaces a missing bundle
