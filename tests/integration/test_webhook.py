@@ -10,6 +10,7 @@ There is no scheduler here, so a gated pod is asserted by its spec.
 from __future__ import annotations
 
 import base64
+import socket
 import ssl
 import uuid
 from collections.abc import Callable, Iterator
@@ -119,8 +120,6 @@ def served_certificate(port: int) -> bytes:
     """The PEM certificate a replica serves now (not verified: it is compared)."""
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    import socket
-
     with (
         socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
         context.wrap_socket(raw) as tls,
@@ -313,3 +312,78 @@ def test_readiness_waits_for_the_serving_certificate(
     eventually(lambda: _assert("not synced" in operator.tail(100)), timeout=30)
     status, text = operator.get("/readyz")
     assert (status, text) == (503, "no webhook serving certificate loaded yet")
+
+
+def this_machines_address() -> str:
+    """A non-loopback IPv4 address of this machine (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))
+        address = probe.getsockname()[0]
+    assert not address.startswith("127."), "no non-loopback IPv4 address for an EndpointSlice"
+    return str(address)
+
+
+def test_the_api_server_reaches_the_webhook_through_its_service(
+    admission: client.AdmissionregistrationV1Api,
+    api_client: client.ApiClient,
+    run_operator: Callable[..., OperatorProcess],
+    core: client.CoreV1Api,
+    kubectl: Kubectl,
+    namespace: str,
+    excluded: str,
+) -> None:
+    """As on the real node: kube-apiserver (--enable-aggregator-routing) resolves the
+    Service to a ready EndpointSlice address, no kube-proxy, and verifies the served
+    certificate for the Service's DNS name against the caBundle the operator wrote."""
+    address, port = this_machines_address(), free_port()
+    service = "headroom-webhook"
+    core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": service},
+            "spec": {"ports": [{"name": "webhook", "port": 443, "targetPort": port}]},
+        },
+    )
+    client.DiscoveryV1Api(api_client).create_namespaced_endpoint_slice(
+        namespace,
+        {
+            "metadata": {
+                "name": f"{service}-1",
+                "labels": {"kubernetes.io/service-name": service},
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "webhook", "port": port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+        },
+    )
+    name = f"headroom-svc-{uuid.uuid4().hex[:6]}"
+    admission.create_mutating_webhook_configuration(
+        gating_configuration(
+            name, service=(namespace, service), excluded_namespaces=(excluded, "kube-system")
+        )
+    )
+    try:
+        run_operator(
+            {
+                "webhook": {
+                    "enabled": True,
+                    "host": address,
+                    "port": port,
+                    "certificate": {
+                        "namespace": namespace,
+                        "serviceName": service,  # no extra names: the Service's own only
+                        "webhookConfiguration": name,
+                        "checkPeriod": "1s",
+                    },
+                }
+            }
+        )
+        wait_until_gating(kubectl, namespace)
+        applied = kubectl(
+            "apply", "-n", namespace, "-f", "-", input=pod_yaml("routed", {RAM_ANNOTATION: "2Gi"})
+        )
+        assert applied.returncode == 0, applied.stderr
+        gates = core.read_namespaced_pod("routed", namespace).spec.scheduling_gates
+        assert [g.name for g in gates] == [SCHEDULING_GATE]
+    finally:
+        admission.delete_mutating_webhook_configuration(name)
