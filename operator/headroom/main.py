@@ -13,14 +13,17 @@ from pathlib import Path
 import kopf
 
 from headroom.api.config import ConfigError, OperatorConfig, parse_config
+from headroom.control.certificates import CertificateKeeper, CertificateTarget
 from headroom.control.controller import Controller
 from headroom.control.supervisor import Supervisor
 from headroom.handlers.wiring import build_registry, configure
 from headroom.kube.client import Credentials, KubeClient
 from headroom.kube.clock import Clock, SystemClock
 from headroom.kube.leader import LeaderElector, LeaseSettings
+from headroom.objects.certificates import CertificatePolicy, service_names
 from headroom.serving.metrics import EventsCollector, OperatorMetrics
 from headroom.serving.probes import ProbeServer
+from headroom.serving.webhook import WebhookServer
 
 log = logging.getLogger("headroom")
 CONFIG_ENV = "HEADROOM_CONFIG"
@@ -67,6 +70,35 @@ def _elector(
     )
 
 
+def _webhook(
+    config: OperatorConfig, client: KubeClient, clock: Clock
+) -> tuple[WebhookServer, CertificateKeeper] | None:
+    """The admission webhook's server and the keeper of its certificate, when enabled."""
+    webhook = config.webhook
+    if not webhook.enabled:
+        return None
+    certificate = webhook.certificate
+    namespace = certificate.namespace or os.environ.get("POD_NAMESPACE", "default")
+    service_namespace = certificate.service_namespace or namespace
+    server = WebhookServer(webhook.host, webhook.port)
+    names = service_names(
+        certificate.service_name, service_namespace, tuple(certificate.extra_names)
+    )
+    keeper = CertificateKeeper(
+        client,
+        CertificateTarget(
+            namespace=namespace,
+            secret=certificate.secret_name,
+            configuration=certificate.webhook_configuration,
+            policy=CertificatePolicy(names, certificate.ca_validity, certificate.validity),
+        ),
+        server.load,
+        clock=clock,
+        period=certificate.check_period.total_seconds(),
+    )
+    return server, keeper
+
+
 def _stop_deciding_now() -> None:
     """Lost the Lease: exit at once; the Deployment restarts us as a standby."""
     logging.shutdown()
@@ -103,15 +135,20 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
     )
     metrics.registry.register(EventsCollector(controller.events))
     metrics.count_gated(lambda: controller.gates.gated if controller is not None else 0)
+    webhook = _webhook(config, client, clock)
     probes = ProbeServer(
         controller,
         metrics,
         config.metrics_host,
         config.metrics_port,
         standby=lambda: elector is not None and not elector.is_leader,
+        webhook_ready=lambda: webhook is None or webhook[0].ready,
     )
     await probes.start()
     log.info("metrics and probes on %s:%d", config.metrics_host, probes.port)
+    if webhook is not None:  # every replica serves it, before and without the Lease
+        await webhook[0].start()
+        supervisor.spawn("webhook-certificate", webhook[1].run())
     if elector is not None:
         await elector.acquire()  # a standby waits here, holding no ledger
         supervisor.spawn("lease", elector.hold(on_lost=_stop_deciding_now))
@@ -132,5 +169,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
         if elector is not None:
             await elector.release()
         await probes.stop()
+        if webhook is not None:
+            await webhook[0].stop()
         await client.close()
     return 1 if failures else 0

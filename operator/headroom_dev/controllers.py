@@ -44,9 +44,12 @@ NODE_CONTROLLERS = (
     *DEFAULT_CONTROLLERS,
     "node-lifecycle-controller",
     "job-controller",
+    "endpointslice-controller",
 )
 """For a plane with a real kubelet (:mod:`headroom_dev.kubelet`): the node-lifecycle
-controller lifts the not-ready taint once the kubelet reports Ready, and Jobs run."""
+controller lifts the not-ready taint once the kubelet reports Ready, and Jobs run;
+EndpointSlices are what the API server's ``--enable-aggregator-routing`` resolver
+reads to reach the admission webhook's Service on a ready operator pod."""
 
 
 class Controllers:

@@ -247,6 +247,12 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
             f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+            # There is no kube-proxy: the API server reaches a Service (the admission
+            # webhook's) at one of its ready endpoints, read from EndpointSlices. In
+            # v1.36 the same resolver is given to the webhook plugins
+            # (cmd/kube-apiserver/app/server.go buildServiceResolver ->
+            # controlplane/apiserver/config.go -> webhookinit.NewPluginInitializer).
+            "--enable-aggregator-routing=true",
         ]
         if self.controllers is None:
             # It needs each namespace's default ServiceAccount, which only the

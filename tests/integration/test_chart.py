@@ -27,6 +27,7 @@ from headroom_dev import reservations as rsv
 from headroom_dev.apply import api_client
 from headroom_dev.controlplane import ControlPlane, binary
 from headroom_dev.operator import OperatorProcess
+from tests.integration.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "headroom"
@@ -88,7 +89,11 @@ def test_default_render() -> None:
             "CustomResourceDefinition/nodeheadrooms.headroom.dev",
             "CustomResourceDefinition/reservations.headroom.dev",
             "Deployment/headroom",
+            "MutatingWebhookConfiguration/headroom",
+            "Role/headroom-webhook-cert",
+            "RoleBinding/headroom-webhook-cert",
             "Service/headroom-metrics",
+            "Service/headroom-webhook",
             "ServiceAccount/headroom",
         ]
     )
@@ -143,6 +148,94 @@ def test_leader_election_render() -> None:
     assert "Role/headroom-leader-election" not in names
 
 
+def test_webhook_render() -> None:
+    docs = render()
+    by_name = {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
+    (webhook,) = by_name["MutatingWebhookConfiguration/headroom"]["webhooks"]
+    assert webhook["clientConfig"] == {
+        "service": {
+            "name": "headroom-webhook",
+            "namespace": NAMESPACE,
+            "path": "/mutate-pods",
+            "port": 443,
+        }
+    }  # no caBundle: the operator writes it, and helm upgrade leaves it alone
+    assert webhook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert webhook["objectSelector"] == {"matchLabels": {"headroom.dev/claim": "true"}}
+    assert webhook["namespaceSelector"] == {
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": [NAMESPACE, "kube-system"],
+            }
+        ]
+    }
+    assert webhook["failurePolicy"] == "Fail"
+    assert webhook["sideEffects"] == "None"
+    assert webhook["admissionReviewVersions"] == ["v1"]
+    assert webhook["matchPolicy"] == "Equivalent"
+    assert webhook["reinvocationPolicy"] == "Never"
+    assert webhook["timeoutSeconds"] == 5
+    deployment = by_name["Deployment/headroom"]
+    service = by_name["Service/headroom-webhook"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "webhook", "containerPort": 9443} in container["ports"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in volumes
+    config = yaml.safe_load(by_name["ConfigMap/headroom-config"]["data"]["config.yaml"])
+    assert config["webhook"] == {
+        "enabled": True,
+        "port": 9443,
+        "certificate": {
+            "namespace": NAMESPACE,
+            "secretName": "headroom-webhook-cert",
+            "serviceName": "headroom-webhook",
+            "webhookConfiguration": "headroom",
+        },
+    }
+    assert by_name["Role/headroom-webhook-cert"]["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["headroom-webhook-cert"],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    assert {
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["mutatingwebhookconfigurations"],
+        "resourceNames": ["headroom"],
+        "verbs": ["get", "patch"],
+    } in by_name["ClusterRole/headroom-operator"]["rules"]
+
+    off = {f"{d['kind']}/{d['metadata']['name']}": d for d in render("webhook.enabled=false")}
+    assert "MutatingWebhookConfiguration/headroom" not in off
+    assert "Service/headroom-webhook" not in off
+    assert "Role/headroom-webhook-cert" not in off
+    off_config = yaml.safe_load(off["ConfigMap/headroom-config"]["data"]["config.yaml"])
+    assert off_config["webhook"]["enabled"] is False
+    ignore = render('webhook.failurePolicy="Ignore"', "webhook.timeoutSeconds=2")
+    (configuration,) = [d for d in ignore if d["kind"] == "MutatingWebhookConfiguration"]
+    assert configuration["webhooks"][0]["failurePolicy"] == "Ignore"
+    assert configuration["webhooks"][0]["timeoutSeconds"] == 2
+
+
 @pytest.mark.parametrize(
     ("value", "complaint"),
     [
@@ -159,6 +252,9 @@ def test_leader_election_render() -> None:
         ("nodeHeadroomReaders.serviceAccounts[0].name=placer", "missing property 'namespace'"),
         ("nodeHeadroomReaders.serviceAccounts[0].namespace=ML", "/serviceAccounts/0/namespace"),
         ("nodeHeadroomReaders.teams[0]=ml", "'teams' not allowed"),
+        ("webhook.failurePolicy=Sometimes", "failurePolicy"),
+        ("webhook.timeoutSeconds=60", "timeoutSeconds"),
+        ("webhook.tls=true", "'tls' not allowed"),
     ],
 )
 def test_schema_refuses_bad_values(value: str, complaint: str) -> None:
@@ -175,6 +271,9 @@ def installed(kubectl: Kubectl, crds: list[str]) -> Iterator[None]:
     assert result.returncode == 0, result.stderr
     yield
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(MANIFEST))  # restore rules
+    # Its Service has no endpoints here: left behind, the Fail-policy webhook would refuse
+    # every opted-in pod that a later test creates.
+    kubectl("delete", "mutatingwebhookconfiguration", "headroom", "--ignore-not-found")
 
 
 def test_rendered_manifests_apply_cleanly(installed: None, kubectl: Kubectl) -> None:
@@ -260,6 +359,51 @@ def test_operator_runs_with_only_the_charts_rbac(
         assert "Forbidden" not in operator.tail(200)
     finally:
         operator.stop()
+
+
+def test_the_webhook_certificate_works_with_only_the_charts_rbac(
+    installed: None,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    core: client.CoreV1Api,
+    kubectl: Kubectl,
+) -> None:
+    """As the chart's ServiceAccount: the Secret is created (or read) in the release
+    namespace, the caBundle of the chart's configuration is patched, nothing is Forbidden."""
+    webhook = {
+        "enabled": True,
+        "host": "127.0.0.1",
+        "port": 0,
+        "certificate": {
+            "namespace": NAMESPACE,
+            "secretName": "headroom-webhook-cert",
+            "serviceName": "headroom-webhook",
+            "webhookConfiguration": "headroom",
+            "checkPeriod": "1s",
+        },
+    }
+    operator = operator_as_service_account(control_plane, tmp_path, {"webhook": webhook})
+    operator.start()
+    try:
+        secret = core.read_namespaced_secret("headroom-webhook-cert", NAMESPACE)
+        admission = client.AdmissionregistrationV1Api(core.api_client)
+
+        def published() -> None:
+            configuration = admission.read_mutating_webhook_configuration("headroom")
+            assert configuration.webhooks[0].client_config.ca_bundle == secret.data["ca-bundle.crt"]
+
+        eventually(published)
+        assert "Forbidden" not in operator.tail(200)
+        assert "403" not in operator.tail(200)
+    finally:
+        operator.stop()
+    # An upgrade re-applies the chart without a caBundle: with the operator stopped, the
+    # one it wrote survives both a three-way merge (as helm upgrade does) and server-side
+    # apply, since neither the old nor the new manifest mentions it.
+    for argv in (["apply"], ["apply", "--server-side", "--force-conflicts"]):
+        result = kubectl(*argv, "-f", str(MANIFEST))
+        assert result.returncode == 0, result.stderr
+        published()
 
 
 @pytest.mark.parametrize("resource", ["reservations/status", "reservations"])

@@ -68,3 +68,24 @@ def test_durations(raw: object, seconds: float) -> None:
 def test_bad_durations(raw: object) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(raw)
+
+
+def test_the_webhook_is_off_by_default_and_its_certificate_settings_are_checked() -> None:
+    webhook = parse_config("").webhook
+    assert webhook.enabled is False
+    assert webhook.port == 9443
+    assert webhook.certificate.secret_name == "headroom-webhook-cert"
+    assert webhook.certificate.validity == timedelta(days=90)
+    assert webhook.certificate.ca_validity == timedelta(days=365)
+    on = parse_config("webhook: {enabled: true, certificate: {extraNames: [127.0.0.1]}}")
+    assert on.webhook.certificate.extra_names == ["127.0.0.1"]
+    for text, named in [
+        ("webhook: {port: 70000}", "webhook.port"),
+        ("webhook: {tls: {}}", "webhook.tls"),
+        ("webhook: {certificate: {secretname: x}}", "webhook.certificate.secretname"),
+        ("webhook: {certificate: {validity: 400d}}", "webhook.certificate.validity"),
+        ("webhook: {certificate: {validity: 2h, caValidity: 1h}}", "webhook.certificate"),
+    ]:
+        with pytest.raises(ConfigError) as error:
+            parse_config(text, "f.yaml")
+        assert named in str(error.value), text

@@ -120,6 +120,69 @@ class QueueingConfig(BaseModel):
     )
 
 
+#: Certificates live up to a year (the longest configured duration); renewed at 2/3.
+CertificateDuration = Annotated[
+    timedelta,
+    BeforeValidator(partial(parse_duration, low=timedelta(hours=1), high=timedelta(days=366))),
+]
+
+
+class WebhookCertificateConfig(BaseModel):
+    """The webhook's CA and serving certificate, kept by the operator in one Secret."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    secret_name: str = Field(
+        "headroom-webhook-cert", alias="secretName", min_length=1, max_length=253
+    )
+    namespace: str | None = Field(
+        None, description="Namespace of the Secret; default $POD_NAMESPACE, else 'default'."
+    )
+    service_name: str = Field("headroom-webhook", alias="serviceName", min_length=1, max_length=63)
+    service_namespace: str | None = Field(
+        None, alias="serviceNamespace", description="Default: the Secret's namespace."
+    )
+    extra_names: list[str] = Field(
+        default_factory=list,
+        alias="extraNames",
+        max_length=16,
+        description="More DNS names or IP addresses for the serving certificate.",
+    )
+    webhook_configuration: str | None = Field(
+        "headroom",
+        alias="webhookConfiguration",
+        description="MutatingWebhookConfiguration whose caBundle is kept; null: none.",
+    )
+    ca_validity: CertificateDuration = Field(timedelta(days=365), alias="caValidity")
+    validity: CertificateDuration = Field(timedelta(days=90))
+    check_period: FastDuration = Field(
+        timedelta(seconds=10),
+        alias="checkPeriod",
+        description="How often the Secret and the caBundle are checked (and mended).",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WebhookCertificateConfig:
+        if not self.check_period * 10 <= self.validity <= self.ca_validity:
+            raise ValueError(
+                "need 10 × checkPeriod <= validity <= caValidity, got "
+                f"{self.check_period.total_seconds()}s, {self.validity.total_seconds()}s, "
+                f"{self.ca_validity.total_seconds()}s"
+            )
+        return self
+
+
+class WebhookConfig(BaseModel):
+    """The mutating admission webhook that gates opted-in pods (every replica serves it)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    enabled: StrictBool = False
+    host: str = "0.0.0.0"  # a pod listens on all interfaces
+    port: StrictInt = Field(9443, ge=0, le=65535)
+    certificate: WebhookCertificateConfig = Field(default_factory=WebhookCertificateConfig)
+
+
 class OperatorConfig(BaseModel):
     """Everything the operator reads at start."""
 
@@ -166,6 +229,7 @@ class OperatorConfig(BaseModel):
     leader_election: LeaderElectionConfig = Field(
         default_factory=LeaderElectionConfig, alias="leaderElection"
     )
+    webhook: WebhookConfig = Field(default_factory=WebhookConfig)
     metrics_port: StrictInt = Field(8080, alias="metricsPort", ge=0, le=65535)
     metrics_host: str = Field("0.0.0.0", alias="metricsHost")  # a pod listens on all interfaces
 

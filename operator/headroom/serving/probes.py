@@ -5,6 +5,8 @@ process then exits; the kubelet's liveness probe would restart it anyway).
 /readyz answers 503 while the ledger is being rebuilt from the API, "ok" once the
 leader can decide, and "standby" for a replica waiting for the Lease (ready, so a
 rolling update can proceed; it takes no decision until it holds the Lease).
+With the admission webhook on, /readyz answers 503 until its serving certificate
+is loaded, leader or standby: the webhook Service sends reviews to ready pods only.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ class ProbeServer:
         host: str,
         port: int,
         standby: Callable[[], bool] = lambda: False,
+        webhook_ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self._controller, self._registry = controller, metrics.registry
         self._host, self._port = host, port
-        self._standby = standby
+        self._standby, self._webhook_ready = standby, webhook_ready
         self._runner: web.AppRunner | None = None
         self.port = port
 
@@ -62,6 +65,8 @@ class ProbeServer:
         return web.Response(text="ok")
 
     async def _readyz(self, _: web.Request) -> web.Response:
+        if not self._webhook_ready():
+            return web.Response(status=503, text="no webhook serving certificate loaded yet")
         if self._controller.ready.is_set():
             return web.Response(text="ok")
         if self._standby():  # a healthy standby is ready: it may take over at any time

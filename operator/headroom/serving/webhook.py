@@ -1,0 +1,132 @@
+"""The mutating admission webhook's HTTPS server: AdmissionReview in, AdmissionReview out.
+
+Every replica serves it, leader or standby: the answer depends on the pod alone
+(:mod:`headroom.objects.gating`), never on the ledger, so the Service may send a
+review to any ready replica.
+
+The certificate can change under a running server (renewal, or another replica
+rotated the shared Secret). New TLS handshakes must get the new one without a
+restart or a dropped listener, so the listening context chooses, in its SNI
+callback (OpenSSL calls it for every ClientHello, with or without a server
+name), the context built from the newest certificate. Python's ``ssl`` can only
+load a key from a file: it is written to a private temporary directory (an
+in-memory emptyDir in the chart, where the root filesystem is read-only), loaded,
+and removed at once. The key is never logged.
+
+Nothing blocks the event loop: building a context (file writes, key parsing) and
+decoding a large body run in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import ssl
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from headroom.objects.gating import ReviewError, review_response
+
+log = logging.getLogger(__name__)
+
+PATH = "/mutate-pods"
+#: A Pod can be up to ~1.5 MiB in etcd; a review carries it once on CREATE.
+MAX_BODY = 4 << 20
+#: Bodies larger than this are decoded in a thread.
+_LARGE_BODY = 64 << 10
+
+
+def _context_from_pem(directory: str, cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+    """A server context for the pair; the files exist only while it is loaded."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    handle, name = tempfile.mkstemp(dir=directory, suffix=".pem")
+    try:
+        with os.fdopen(handle, "wb") as out:  # mkstemp: mode 0600, only this user
+            out.write(key_pem + b"\n" + cert_pem)
+        context.load_cert_chain(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+    return context
+
+
+class WebhookServer:
+    """Serves ``/mutate-pods`` over HTTPS once :meth:`load` gave it a certificate."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._host, self.port = host, port
+        self._runner: web.AppRunner | None = None
+        self._current: ssl.SSLContext | None = None
+        self._directory: str | None = None
+        self.certificate: bytes | None = None
+
+    @property
+    def ready(self) -> bool:
+        """A serving certificate is loaded: new handshakes can complete."""
+        return self._current is not None
+
+    async def start(self) -> None:
+        self._directory = await asyncio.to_thread(tempfile.mkdtemp, prefix="headroom-webhook-")
+        listening = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        listening.minimum_version = ssl.TLSVersion.TLSv1_2
+        listening.sni_callback = self._choose
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_post(PATH, self._mutate)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self.port, ssl_context=listening)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        log.info("admission webhook on https://%s:%d%s", self._host, self.port, PATH)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._directory is not None:
+            await asyncio.to_thread(shutil.rmtree, self._directory, True)
+
+    async def load(self, cert_pem: bytes, key_pem: bytes) -> None:
+        """Serve this pair from the next handshake on (a no-op if it is already served)."""
+        if cert_pem == self.certificate:
+            return
+        if self._directory is None:
+            raise RuntimeError("load() before start()")
+        self._current = await asyncio.to_thread(
+            _context_from_pem, self._directory, cert_pem, key_pem
+        )
+        self.certificate = cert_pem
+        log.info("webhook serving certificate loaded")
+
+    def _choose(self, connection: Any, _server_name: str | None, _: ssl.SSLContext) -> int | None:
+        current = self._current
+        if current is None:
+            return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE  # not ready: no certificate yet
+        connection.context = current
+        return None
+
+    async def _mutate(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        try:
+            if len(body) > _LARGE_BODY:
+                answer = await asyncio.to_thread(_answer, body)
+            else:
+                answer = _answer(body)
+        except (ValueError, RecursionError) as error:  # ReviewError is a ValueError
+            return web.Response(status=400, text=f"not an AdmissionReview: {error}"[:1000])
+        return web.json_response(answer)
+
+
+def _answer(body: bytes) -> dict[str, Any]:
+    try:
+        review = json.loads(body)
+    except ValueError as error:
+        raise ReviewError(f"body is not JSON: {error}") from None
+    return review_response(review)
