@@ -43,11 +43,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from headroom.api.claims import PodClaim, pod_claim
-from headroom.api.constants import MAX_NODE_SUM_MB, OWNER_LABEL
+from headroom.api.constants import OWNER_LABEL
 from headroom.api.parse import InvalidValueError
 from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
 from headroom.api.reasons import Phase, Reason
 from headroom.api.refs import ObjectRef
+from headroom.control.placement import choose_node
 from headroom.control.state import PodKey, Record, State
 from headroom.control.tasks import BackgroundTasks
 from headroom.control.telemetry import NoTelemetry, Telemetry
@@ -59,7 +60,6 @@ from headroom.objects.pods import (
     bound_node,
     is_finished,
     is_gated,
-    may_run_on,
     owning_pod_uid,
     pod_reservation,
     ungate_patch,
@@ -300,7 +300,8 @@ class Gates:
             await self._make(key, seen, claim, node)
             return
         async with self._creating:
-            node = self._choose(key, seen.obj, claim)
+            now = self._clock.now()
+            node = choose_node(self._state, self._planned.values(), seen.obj, claim, now)
             if node is None:
                 self._say(
                     seen,
@@ -414,46 +415,6 @@ class Gates:
             delay = backoff.next()
             log.warning("gating call failed (%s); again in %.1fs", failure, delay)
             await asyncio.sleep(delay)
-
-    # -- choosing a node -------------------------------------------------------------------------
-
-    def _choose(self, key: PodKey, pod: JSON, claim: PodClaim) -> str | None:
-        """The first node, best first, the pod may run on and fits on now; else the best
-        one it may run on (it waits there); None when it may run on none we know.
-
-        Best first is ``kubectl headroom fit``'s order (most allocatable RAM, then most
-        free VRAM, then name), on the ledger's figures less what was created for other
-        pods and is not decided yet."""
-        state, now = self._state, self._clock.now()
-        if claim.node is not None:
-            facts = state.node_facts.get(claim.node)
-            return claim.node if facts is None or may_run_on(pod, facts) else None
-        planned: dict[str, tuple[int, int, int]] = {}
-        for node, ram, vram in self._planned.values():
-            had = planned.get(node, (0, 0, 0))
-            planned[node] = (had[0] + ram, had[1] + vram, had[2] + 1)
-        room: list[tuple[tuple[int, bool, int, str], bool]] = []
-        for name, facts in state.node_facts.items():
-            if not state.ledger.knows(name) or not may_run_on(pod, facts):
-                continue
-            summary = state.ledger.node_summary(name, now)
-            ram, vram, entries = planned.get(name, (0, 0, 0))
-            free_ram = summary.allocatable_ram_mb - ram
-            if summary.limit_ram_mb is None:  # RAM not limited on this node
-                free_ram = MAX_NODE_SUM_MB
-            capacity = summary.vram_capacity_mb
-            free_vram = capacity - summary.reserved_vram_mb - vram if capacity is not None else 0
-            fits = (
-                claim.ram_mb <= free_ram
-                and (capacity is None or claim.vram_mb <= free_vram)
-                and summary.active_entries + entries < summary.max_entries
-            )
-            room.append(((-free_ram, capacity is None, -free_vram, name), fits))
-        room.sort()
-        for order, fits in room:
-            if fits:
-                return order[3]
-        return room[0][0][3] if room else None
 
     # -- plumbing -----------------------------------------------------------------------------
 
