@@ -148,6 +148,7 @@ def test_pods_wait_gated_in_creation_order_and_go_when_one_finishes(
     core: client.CoreV1Api,
     custom: client.CustomObjectsApi,
     namespace: str,
+    cli: Callable[..., Any],
 ) -> None:
     pool, nodes = pool_nodes(make_node, core, only="14Gi")  # limit 14336 − 1024 = 13312 MiB
     run_operator()
@@ -160,6 +161,11 @@ def test_pods_wait_gated_in_creation_order_and_go_when_one_finishes(
     assert waiting["status"]["queuePosition"] == 1
     assert gates_of(core.read_namespaced_pod("job-2", namespace)) == [GATE]
     eventually(lambda: _said(core, namespace, "job-2", "Waiting", "position 1"))
+    why = cli("why", "pod/job-2", via="kubectl")
+    assert why.returncode == 0, why.stderr
+    assert "held by the scheduling gate headroom.dev/admission" in why.stdout
+    assert f"Queue:   position 1 on node {nodes['only']}" in why.stdout
+    assert "Waiting" in why.stdout.split("Events:")[1]
 
     finish(core, namespace, "job-0")
     done = rsv.wait_for(custom, namespace, "job-0", phases=("Reclaimed",))

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from headroom.api.constants import MAX_MB
-from headroom.cli import arguments, commands, fit, hold, reserve, run, summary
+from headroom.cli import arguments, commands, fit, hold, reserve, run, summary, why
 from headroom.cli.exits import (
     CommandError,
     Exit,
@@ -60,9 +60,9 @@ def _add_commands(
 
     parser("nodes", "per-node headroom").set_defaults(handler=commands.nodes)
     parser("summary", "cluster-wide totals").set_defaults(handler=summary.command)
-    p = parser("why", "why a reservation is in its phase, with the numbers and events")
-    p.add_argument("reservation")
-    p.set_defaults(handler=commands.why)
+    p = parser("why", "why a reservation (or pod/NAME, a gated pod) is where it is")
+    p.add_argument("reservation", help="a reservation's name, or pod/NAME")
+    p.set_defaults(handler=why.why)
     p = parser("reserve", "create a reservation (and wait for its decision)")
     p.add_argument("--node", required=True, help=NODE_HELP)
     p.add_argument("--ram", required=True, help=f"MiB, 0 .. {MAX_MB}")

@@ -1,4 +1,5 @@
-"""``kubectl headroom`` subcommands: nodes, summary, why, reserve, heartbeat.
+"""``kubectl headroom`` subcommands: nodes, reserve, heartbeat (``why`` and ``summary`` have
+their own modules).
 
 Each does what the caller's rights allow and says on stderr what it could not
 read: a tenant bound to ``headroom-edit`` in one namespace may read its
@@ -8,7 +9,6 @@ reservations but not the cluster-scoped NodeHeadrooms, and may not list Events.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from kubernetes.client.exceptions import ApiException
 
@@ -69,53 +69,6 @@ def nodes(args: Args) -> int:
     data = [{"node": i["metadata"]["name"], **(i.get("status") or {})} for i in items]
     headers = ["NODE", "TOTAL", "RESERVED", "VRAM", "ALLOCATABLE", "UTIL%", "ENTRIES", "STALE"]
     emit(data, table(headers, rows), args.output)
-    return Exit.DONE
-
-
-def why(args: Args) -> int:
-    name = arguments.name(args.reservation)
-    cluster = _cluster(args)
-    obj = read_reservation(cluster, name)
-    spec, status = obj["spec"], obj.get("status") or {}
-    events: list[readers.JSON] | None
-    try:
-        events = readers.events_about(cluster, obj["metadata"]["uid"])
-    except ApiException as error:
-        if not is_forbidden(error):
-            raise
-        events = None
-        print(
-            f'Warning: Events in namespace "{cluster.namespace}" are not readable '
-            f"({describe_api_error(error)}); showing the reservation's status only. "
-            'The built-in "view" role grants reading Events in a namespace.',
-            file=sys.stderr,
-        )
-    data = {
-        "name": name,
-        "namespace": cluster.namespace,
-        "uid": obj["metadata"]["uid"],
-        "spec": spec,
-        "status": status,
-        "events": events,
-    }
-    lines = [
-        f"Reservation {cluster.namespace}/{name}: {spec.get('ramMB')} MiB RAM, "
-        f"{spec.get('vramMB', 0)} MiB VRAM on node {spec.get('node')}",
-        f"Phase:   {status.get('phase', 'Pending')}",
-        f"Reason:  {status.get('reason', '-')}",
-        f"Message: {status.get('message', 'not decided yet')}",
-    ]
-    for key in ("admittedAt", "lastHeartbeat", "reclaimedAt"):
-        if status.get(key):
-            lines.append(f"{key}: {status[key]}")
-    lines.append("Events:")
-    if events is None:
-        lines.append("  <not readable>")
-    else:
-        lines += [f"  {e['time']}  {e['type']:<8} {e['reason']:<16} {e['message']}" for e in events]
-        if not events:
-            lines.append("  <none>")
-    emit(data, "\n".join(lines), args.output)
     return Exit.DONE
 
 

@@ -45,6 +45,13 @@ def reservations(cluster: Cluster, namespace: str | None) -> list[JSON]:
     return cast(list[JSON], cast(JSON, listed)["items"])
 
 
+def pod(cluster: Cluster, name: str) -> Any:
+    """A pod in the cluster's namespace (a V1Pod)."""
+    return cluster.core.read_namespaced_pod(
+        name, cluster.namespace, _request_timeout=REQUEST_TIMEOUT
+    )
+
+
 def reservation(cluster: Cluster, name: str) -> JSON:
     return calls.get(cluster, name)
 
