@@ -12,11 +12,14 @@ what it needs (``make node image``); nothing here skips.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from headroom_dev.cluster import RELEASE_NAMESPACE, NodeCluster
 from tests.integration.polling import eventually
@@ -24,6 +27,14 @@ from tests.integration.polling import eventually
 TEAM = "gated"
 GATE = "headroom.dev/admission"
 RSV = "reservations.headroom.dev"
+BUSYBOX = "localhost/headroom/busybox:1"
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def sleeping(seconds: int) -> list[str]:
+    return ["sh", "-c", f"sleep {seconds}"]
+
+
 VALUES: dict[str, Any] = {"config": {"sweepPeriod": "1s", "reclaimedRetention": "10m"}}
 
 
@@ -50,6 +61,28 @@ def claim_mb(cluster: NodeCluster) -> int:
     return room * 2 // 5
 
 
+def readme_job() -> dict[str, Any]:
+    """The Job of the README's "Gate your pods", as written."""
+    text = README.read_text()
+    section = text[text.index("## Gate your pods") :]
+    match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert match, "the README lost its Job example"
+    body: dict[str, Any] = yaml.safe_load(match.group(1))
+    return body
+
+
+def test_the_readme_job_is_gated_as_it_says(cluster: NodeCluster, claim_mb: int) -> None:
+    """The README's Job with the test's namespace, sizes and image swapped in."""
+    body = readme_job()
+    assert body["spec"]["parallelism"] == 3
+    assert body["spec"]["template"]["metadata"]["labels"] == {"headroom.dev/claim": "true"}
+    body["metadata"] = {"name": "train", "namespace": TEAM}
+    body["spec"]["template"]["metadata"]["annotations"]["headroom.dev/ram"] = f"{claim_mb}Mi"
+    [container] = body["spec"]["template"]["spec"]["containers"]
+    container |= {"image": BUSYBOX, "imagePullPolicy": "Never", "command": sleeping(8)}
+    run_two_at_a_time(cluster, body)
+
+
 def job(name: str, claim_mb: int, *, parallelism: int, seconds: int) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
@@ -70,9 +103,9 @@ def job(name: str, claim_mb: int, *, parallelism: int, seconds: int) -> dict[str
                     "containers": [
                         {
                             "name": "work",
-                            "image": "localhost/headroom/busybox:1",
+                            "image": BUSYBOX,
                             "imagePullPolicy": "Never",
-                            "command": ["sh", "-c", f"sleep {seconds}"],
+                            "command": sleeping(seconds),
                             "resources": {"requests": {"memory": "16Mi", "cpu": "10m"}},
                         }
                     ],
@@ -98,15 +131,15 @@ def reservations(cluster: NodeCluster) -> dict[str, dict[str, Any]]:
     return {i["metadata"]["name"]: i for i in items}
 
 
-def test_a_job_runs_two_at_a_time_where_room_is_for_two(
-    cluster: NodeCluster, claim_mb: int
-) -> None:
+def run_two_at_a_time(cluster: NodeCluster, body: dict[str, Any]) -> None:
+    """A Job of three pods where room is for two: two run, the third waits gated with
+    its position, then runs; every reservation is given back and the Job Succeeds."""
     began = time.monotonic()
-    cluster.apply([job("train", claim_mb, parallelism=3, seconds=8)])
-    node = cluster.node.name
+    cluster.apply([body])
+    node, name = cluster.node.name, body["metadata"]["name"]
 
     def two_run_one_waits() -> tuple[list[str], str]:
-        pods = job_pods(cluster, "train")
+        pods = job_pods(cluster, name)
         assert len(pods) == 3, [p["metadata"]["name"] for p in pods]
         running = [p for p in pods if p["status"].get("phase") == "Running"]
         waiting = [p for p in pods if gated(p)]
@@ -124,18 +157,19 @@ def test_a_job_runs_two_at_a_time_where_room_is_for_two(
     assert (status["phase"], status["queuePosition"]) == ("Queued", 1)
 
     def succeeded() -> None:
-        done = cluster.get("job", "train", "-n", TEAM)["status"]
+        done = cluster.get("job", name, "-n", TEAM)["status"]
         assert done.get("succeeded") == 3, done
 
     eventually(succeeded, timeout=90)
     print(f"Job Succeeded {time.monotonic() - began:.1f}s after it was applied")
-    held = reservations(cluster)
-    assert sorted(held) == sorted([*first, third])  # one reservation per pod, no more
-    for name, item in held.items():
-        assert (item["status"]["phase"], item["status"]["reason"]) == (
-            "Reclaimed",
-            "OwnerPodFinished",
-        ), name
+
+    def all_finished() -> None:
+        held = reservations(cluster)
+        assert sorted(held) == sorted([*first, third])  # one reservation per pod, no more
+        outcomes = {pod: (i["status"]["phase"], i["status"]["reason"]) for pod, i in held.items()}
+        assert set(outcomes.values()) == {("Reclaimed", "OwnerPodFinished")}, outcomes
+
+    eventually(all_finished, timeout=15)
 
     def all_returned() -> None:
         items = cluster.get("nodeheadrooms")["items"]
