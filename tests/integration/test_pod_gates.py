@@ -249,29 +249,27 @@ def test_a_pod_deleted_or_failed_gives_its_memory_back(
     custom: client.CustomObjectsApi,
     namespace: str,
 ) -> None:
-    pool, _ = pool_nodes(make_node, core, only="32Gi")
+    pool, _ = pool_nodes(make_node, core, only="12Gi")  # room for two 4Gi pods
     run_operator()
-    for name in ("running", "gated", "failing"):
+    for name in ("running", "failing", "gated"):
         core.create_namespaced_pod(namespace, claim_pod(name, pool, "4Gi"))
     for name in ("running", "failing"):
         wait_ungated(core, namespace, name)
-    rsv.wait_for(custom, namespace, "gated")
+    rsv.wait_for(custom, namespace, "gated", phases=("Queued",))
 
-    core.delete_namespaced_pod("running", namespace, grace_period_seconds=0)
-    assert (
-        rsv.wait_for(custom, namespace, "running", phases=("Reclaimed",))["status"]["reason"]
-        == "OwnerPodDeleted"
-    )
-    finish(core, namespace, "failing", "Failed")
-    assert (
-        rsv.wait_for(custom, namespace, "failing", phases=("Reclaimed",))["status"]["reason"]
-        == "OwnerPodFinished"
-    )
+    # Deleted while it waits: its reservation, which holds nothing, is deleted with it.
     core.delete_namespaced_pod("gated", namespace, grace_period_seconds=0)
-    assert (
-        rsv.wait_for(custom, namespace, "gated", phases=("Reclaimed",))["status"]["reason"]
-        == "OwnerPodDeleted"
-    )
+
+    def gone() -> None:
+        assert "gated" not in [r["metadata"]["name"] for r in rsv.list_all(custom, namespace)]
+
+    eventually(gone)
+    core.delete_namespaced_pod("running", namespace, grace_period_seconds=0)
+    reclaimed = rsv.wait_for(custom, namespace, "running", phases=("Reclaimed",))
+    assert reclaimed["status"]["reason"] == "OwnerPodDeleted"
+    finish(core, namespace, "failing", "Failed")
+    finished = rsv.wait_for(custom, namespace, "failing", phases=("Reclaimed",))
+    assert finished["status"]["reason"] == "OwnerPodFinished"
     left = core.list_namespaced_pod(namespace).items
     assert [(p.metadata.name, p.metadata.finalizers) for p in left] == [("failing", None)]
     assert all(not r["metadata"].get("finalizers") for r in rsv.list_all(custom, namespace))

@@ -140,7 +140,8 @@ class Gates:
             seen = self._pods.get(key)
             if seen is not None and seen.uid == uid:
                 del self._pods[key]
-            return  # its reservation goes with its owner label and its ownerReference
+                self._tasks.spawn(self._gone(key, uid))
+            return
         seen = self._pods.get(key)
         if seen is None or seen.uid != uid:
             seen = self._pods[key] = ClaimPod(obj, uid)
@@ -248,7 +249,7 @@ class Gates:
                 if known is None:
                     self._run(key, self._create(key, seen, claim))
                 else:  # left by an earlier pod of the same name: the GC's, or ours
-                    self._run(key, self._replace(key, seen, known[0]))
+                    self._run(key, self._replace(key, known[0]))
             elif record is not None and record.held and record.confirmed:
                 self._run(key, self._ungate(key, seen, record))
             elif record is not None and record.confirmed:
@@ -284,7 +285,7 @@ class Gates:
         if wait > 0:
             self._later(key, wait)
             return
-        self._run(key, self._replace(key, seen, record.uid))  # then a new one is made
+        self._run(key, self._replace(key, record.uid))  # then a new one is made
 
     def _backoff(self, seen: ClaimPod) -> None:
         seen.retries += 1
@@ -355,7 +356,33 @@ class Gates:
         if (created.get("metadata") or {}).get("uid") in self._state.records:
             self._planned.pop(key, None)  # adopted, and already decided
 
-    async def _replace(self, key: PodKey, seen: ClaimPod, uid: str) -> None:
+    async def _gone(self, key: PodKey, pod_uid: str) -> None:
+        """A claiming pod left the watch: deleted, or only unlabelled? If it is gone, a
+        reservation of its that holds nothing (it waited) is deleted now; one that holds
+        memory is reclaimed through its owner label (``OwnerPodDeleted``), and the
+        garbage collector deletes either with the pod."""
+        known = self._reservations.get(key)
+        if known is None or known[1] != pod_uid or not self.started or not self._may_act():
+            return
+        record = self._state.records.get(known[0])
+        if record is not None and record.held:
+            return
+        try:
+            pod = await self._call(lambda: self._transport.get(pod_path(*key)))
+            if (pod.get("metadata") or {}).get("uid") == pod_uid:
+                return  # still there, only unlabelled: its reservation stays
+        except ApiError as error:
+            if not error.not_found:
+                log.warning("pod %s/%s not read (%s); the resync looks again", *key, error)
+                return
+        except _DeposedError:
+            return
+        try:
+            await self._replace(key, known[0])
+        except (ApiError, _DeposedError) as error:
+            log.warning("reservation of pod %s/%s not deleted (%s)", *key, error)
+
+    async def _replace(self, key: PodKey, uid: str) -> None:
         """Delete a reservation this pod cannot use (an earlier pod's, or one refused)."""
         try:
             await self._call(lambda: self._transport.delete(reservation_path(*key), uid=uid))
