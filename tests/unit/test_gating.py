@@ -13,12 +13,14 @@ from hypothesis import strategies as st
 from headroom.api.constants import (
     CLAIM_LABEL,
     NODE_ANNOTATION,
+    OWNER_LABEL,
     RAM_ANNOTATION,
     SCHEDULING_GATE,
     VRAM_ANNOTATION,
     WAIT_ANNOTATION,
 )
 from headroom.objects.gating import ReviewError, Verdict, gate_pod, review_response
+from headroom_dev.sim.fakeapi.jsonvalue import apply_json_patch
 
 GATE = {"name": SCHEDULING_GATE}
 
@@ -56,24 +58,22 @@ def review(obj: Any, *, operation: str = "CREATE", kind: str = "Pod") -> dict[st
 
 
 def apply(patch: list[dict[str, Any]], obj: dict[str, Any]) -> dict[str, Any]:
-    """The two JSON patch forms the webhook emits, applied as the API server would."""
-    out = json.loads(json.dumps(obj))
-    for op in patch:
-        assert op["op"] == "add"
-        if op["path"] == "/spec/schedulingGates":
-            out["spec"]["schedulingGates"] = op["value"]
-        else:
-            assert op["path"] == "/spec/schedulingGates/-"
-            out["spec"]["schedulingGates"].append(op["value"])
+    """The webhook's JSON patch, applied as the API server would (only adds)."""
+    assert all(op["op"] == "add" for op in patch)
+    out: dict[str, Any] = apply_json_patch(json.loads(json.dumps(obj)), patch)
     return out
 
 
-def test_an_opted_in_pod_gets_exactly_the_gate() -> None:
+def test_an_opted_in_pod_gets_exactly_the_gate_and_the_owner_label() -> None:
     verdict = gate_pod(pod())
     assert verdict.allowed
     gated = apply(verdict.patch, pod())
     assert gated["spec"]["schedulingGates"] == [GATE]
-    assert verdict.patch == [{"op": "add", "path": "/spec/schedulingGates", "value": [GATE]}]
+    assert gated["metadata"]["labels"] == {CLAIM_LABEL: "true", "app": "x", OWNER_LABEL: "true"}
+    assert verdict.patch == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [GATE]},
+        {"op": "add", "path": "/metadata/labels/headroom.dev~1owner", "value": "true"},
+    ]
 
 
 def test_other_gates_are_kept_and_ours_is_not_added_twice() -> None:

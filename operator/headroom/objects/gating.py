@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headroom.api.claims import is_claim_pod, pod_claim
-from headroom.api.constants import CLAIM_LABEL, NODE_ANNOTATION, SCHEDULING_GATE
+from headroom.api.constants import CLAIM_LABEL, NODE_ANNOTATION, OWNER_LABEL, SCHEDULING_GATE
 from headroom.api.parse import InvalidValueError, shown
 
 REVIEW_API_VERSION = "admission.k8s.io/v1"
@@ -71,7 +71,7 @@ def gate_pod(pod: Any) -> Verdict:
             f"(got {shown(node_name)}); name its node in the annotation {NODE_ANNOTATION}",
             INVALID,
         )
-    return Verdict(True, patch=_gate_patch(spec))
+    return Verdict(True, patch=_gate_patch(spec) + _owner_patch(pod))
 
 
 def _gate_patch(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -83,6 +83,16 @@ def _gate_patch(spec: dict[str, Any]) -> list[dict[str, Any]]:
     if any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates):
         return []
     return [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": SCHEDULING_GATE}}]
+
+
+def _owner_patch(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The owner label, so that the pod's deletion releases its reservation like any
+    owner pod's; added here, it saves the operator a write per pod. (The claim label is
+    there, so ``metadata.labels`` is a map.)"""
+    if pod["metadata"]["labels"].get(OWNER_LABEL) == "true":
+        return []
+    path = "/metadata/labels/" + OWNER_LABEL.replace("~", "~0").replace("/", "~1")
+    return [{"op": "add", "path": path, "value": "true"}]
 
 
 def review_response(review: Any) -> dict[str, Any]:
