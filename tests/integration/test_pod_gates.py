@@ -287,25 +287,32 @@ def test_after_a_restart_each_waiting_pod_has_exactly_one_reservation_in_creatio
     for index in range(3):
         core.create_namespaced_pod(namespace, claim_pod(f"w-{index}", pool, "6Gi"))
         rsv.wait_for(custom, namespace, f"w-{index}", phases=("Admitted", "Queued"))
+    core.create_namespaced_pod(namespace, claim_pod("w-3", pool, "6Gi"))
+    rsv.wait_for(custom, namespace, "w-3", phases=("Queued",))
     wait_ungated(core, namespace, "w-0")
     operator.kill()
     finish(core, namespace, "w-0")  # ends while nobody watches
-    core.create_namespaced_pod(namespace, claim_pod("w-3", pool, "6Gi"))  # and a newcomer
+    core.delete_namespaced_pod("w-1", namespace, grace_period_seconds=0)  # goes, waiting
+    core.create_namespaced_pod(namespace, claim_pod("w-4", pool, "6Gi"))  # and a newcomer
     run_operator()
 
-    assert pinned_to(wait_ungated(core, namespace, "w-1")) == [nodes["only"]]
-    for name in ("w-2", "w-3"):
+    assert pinned_to(wait_ungated(core, namespace, "w-2")) == [nodes["only"]]
+    for name in ("w-3", "w-4"):
         assert gates_of(core.read_namespaced_pod(name, namespace)) == [GATE]
-    names = sorted(r["metadata"]["name"] for r in rsv.list_all(custom, namespace))
-    assert names == ["w-0", "w-1", "w-2", "w-3"]  # one each, no second one for anyone
+
+    def one_each() -> None:  # no second one for anyone; w-1's went with it
+        names = sorted(r["metadata"]["name"] for r in rsv.list_all(custom, namespace))
+        assert names == ["w-0", "w-2", "w-3", "w-4"]
+
+    eventually(one_each)
     assert rsv.get(custom, namespace, "w-0")["status"]["reason"] == "OwnerPodFinished"
 
     def in_order() -> None:  # positions are published at most every summaryInterval
         positions = {
             name: rsv.get(custom, namespace, name)["status"].get("queuePosition")
-            for name in ("w-2", "w-3")
+            for name in ("w-3", "w-4")
         }
-        assert positions == {"w-2": 1, "w-3": 2}
+        assert positions == {"w-3": 1, "w-4": 2}
 
     eventually(in_order)
 

@@ -114,6 +114,7 @@ class Gates:
         self._pods: dict[PodKey, ClaimPod] = {}
         self._reservations: dict[PodKey, tuple[str, str | None]] = {}  # -> (its uid, pod uid)
         self._pod_of: dict[str, PodKey] = {}  # reservation uid -> the pod key it is named for
+        self._unlisted: set[tuple[PodKey, str]] = set()  # pods a list lacked: gone?
         self._busy: set[PodKey] = set()  # a create or an ungate is in flight
         self._stirred: set[PodKey] = set()  # something changed while it was
         # Reservations are created one at a time, in the order pods were seen (a fair
@@ -164,6 +165,18 @@ class Gates:
             self.on_pod(None, pod, listed_at=listed_at)
         for key in [k for k in self._pods if k not in listed]:
             del self._pods[key]
+        # A pod deleted while nobody watched (the operator down, a watch gap): its
+        # reservation, if it holds nothing, goes now, not at the next resync.
+        for key, (_, pod_uid) in list(self._reservations.items()):
+            if key not in listed and pod_uid is not None:
+                self._unlisted.add((key, pod_uid))
+        if self.started:
+            self._check_unlisted()
+
+    def _check_unlisted(self) -> None:
+        unlisted, self._unlisted = self._unlisted, set()
+        for key, pod_uid in unlisted:
+            self._tasks.spawn(self._gone(key, pod_uid))
 
     def reservation_seen(self, obj: JSON) -> None:
         """A Reservation owned by a pod exists (any path of the reconcile)."""
@@ -208,6 +221,7 @@ class Gates:
 
     def start(self) -> None:
         self.started = True
+        self._check_unlisted()
         for key in sorted(self._pods, key=lambda k: (_created(self._pods[k].obj), k)):
             self.poke(key)
 
