@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +19,15 @@ import pytest
 from kubernetes import client
 
 from headroom.api.constants import GROUP, VERSION
-from headroom_dev.apply import api_client as api_client_for
-from headroom_dev.apply import install_crds
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 from tests.integration.polling import eventually
 
-CRDS = Path(__file__).resolve().parents[2] / "crds"
-
 
 @pytest.fixture(scope="module")
-def api(controllers_plane: ControlPlane) -> Iterator[client.ApiClient]:
-    api = api_client_for(controllers_plane.kubeconfig)
-    install_crds(api, sorted(CRDS.glob("*.yaml")))
-    yield api
-    api.close()
+def api(controllers_api: client.ApiClient) -> client.ApiClient:
+    return controllers_api
 
 
 def found(read: Callable[[], Any]) -> Callable[[], Any]:

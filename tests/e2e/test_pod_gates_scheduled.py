@@ -17,23 +17,16 @@ import pytest
 from kubernetes import client
 
 from headroom_dev import reservations as rsv
-from headroom_dev.apply import api_client as api_client_for
-from headroom_dev.apply import install_crds
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 from tests.integration.polling import eventually
 from tests.integration.test_pod_gates import GATE, claim_pod, gates_of, untaint
 
-CRDS = Path(__file__).resolve().parents[2] / "crds"
-
 
 @pytest.fixture(scope="module")
-def api(controllers_plane: ControlPlane) -> Iterator[client.ApiClient]:
-    api = api_client_for(controllers_plane.kubeconfig)
-    install_crds(api, sorted(CRDS.glob("*.yaml")))
-    yield api
-    api.close()
+def api(controllers_api: client.ApiClient) -> client.ApiClient:
+    return controllers_api
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
 from headroom.api.reasons import Phase, Reason
 from headroom.api.refs import ObjectRef
 from headroom.control.placement import choose_node
-from headroom.control.state import PodKey, Record, State
+from headroom.control.state import PodKey, Record, State, deliver_listed
 from headroom.control.tasks import BackgroundTasks
 from headroom.control.telemetry import NoTelemetry, Telemetry
 from headroom.kube.backoff import Backoff
@@ -158,11 +158,7 @@ class Gates:
         return version
 
     def take(self, pods: list[JSON], *, listed_at: float) -> None:
-        listed = set()
-        for pod in pods:
-            meta = pod.get("metadata") or {}
-            listed.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
-            self.on_pod(None, pod, listed_at=listed_at)
+        listed = deliver_listed(pods, self.on_pod, listed_at=listed_at)
         for key in [k for k in self._pods if k not in listed]:
             del self._pods[key]
         # A pod deleted while nobody watched (the operator down, a watch gap): its

@@ -26,7 +26,7 @@ from headroom.api.constants import OWNER_LABEL
 from headroom.api.paths import PODS, pod_path
 from headroom.api.reasons import Reason
 from headroom.api.refs import ObjectRef
-from headroom.control.state import POD, PodKey, Record, SeenPod, State
+from headroom.control.state import POD, PodKey, Record, SeenPod, State, deliver_listed
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
@@ -145,11 +145,7 @@ class Owners:
 
     def take(self, pods: list[JSON], *, listed_at: float) -> None:
         """A list of labelled pods asked for at ``listed_at``; every owner it lacks is read."""
-        listed = set()
-        for pod in pods:
-            meta = pod.get("metadata") or {}
-            listed.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
-            self.on_pod(None, pod, listed_at=listed_at)
+        listed = deliver_listed(pods, self.on_pod, listed_at=listed_at)
         state = self._state
         for key in [k for k, seen in state.pods.items() if k not in listed]:
             if state.pods[key].seen_at < listed_at:

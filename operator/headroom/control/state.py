@@ -19,9 +19,10 @@ points, so no other task ever sees it half done.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from headroom.api.limits import Limits
 from headroom.api.reasons import Phase
@@ -33,6 +34,7 @@ from headroom.objects.status import Decision
 log = logging.getLogger(__name__)
 RESERVATION, POD = "reservation", "pod"  # heartbeat sources
 PodKey = tuple[str, str]  # (namespace, name)
+JSON = dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -63,6 +65,22 @@ class Record:
     @property
     def held(self) -> bool:
         return self.decision.phase == Phase.ADMITTED
+
+
+def pod_key(obj: JSON) -> PodKey:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def deliver_listed(
+    pods: list[JSON], on_pod: Callable[..., None], *, listed_at: float
+) -> set[PodKey]:
+    """Hand each pod of a list asked for at ``listed_at`` to ``on_pod``; the keys listed."""
+    listed = set()
+    for pod in pods:
+        listed.add(pod_key(pod))
+        on_pod(None, pod, listed_at=listed_at)
+    return listed
 
 
 @dataclass(slots=True)
