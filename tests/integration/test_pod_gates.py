@@ -167,11 +167,20 @@ def test_pods_wait_gated_in_creation_order_and_go_when_one_finishes(
     assert f"Queue:   position 1 on node {nodes['only']}" in why.stdout
     assert "Waiting" in why.stdout.split("Events:")[1]
 
+    def conditioned(name: str, status: str, reason: str) -> None:
+        conditions = core.read_namespaced_pod(name, namespace).status.conditions or []
+        ours = [c for c in conditions if c.type == "headroom.dev/Admitted"]
+        assert [(c.status, c.reason) for c in ours] == [(status, reason)], ours
+
+    eventually(lambda: conditioned("job-2", "False", "Waiting"))
+    eventually(lambda: conditioned("job-0", "True", "Admitted"))
+
     finish(core, namespace, "job-0")
     done = rsv.wait_for(custom, namespace, "job-0", phases=("Reclaimed",))
     assert done["status"]["reason"] == "OwnerPodFinished"
     assert pinned_to(wait_ungated(core, namespace, "job-2")) == [nodes["only"]]
     assert rsv.get(custom, namespace, "job-2")["status"]["phase"] == "Admitted"
+    eventually(lambda: conditioned("job-2", "True", "Admitted"))  # the same one, replaced
 
 
 def test_a_node_selector_waits_for_its_node_while_others_go_elsewhere(

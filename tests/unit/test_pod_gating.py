@@ -19,6 +19,7 @@ from headroom.api.reasons import Reason
 from headroom.ledger import Entry, Ledger
 from headroom.objects.pods import (
     NodeFacts,
+    condition_patch,
     is_gated,
     may_run_on,
     owning_pod_uid,
@@ -273,3 +274,28 @@ def test_a_pods_lifetime_never_goes_stale() -> None:
     later = T0 + timedelta(days=300)
     assert [r.entry.id for r in book.due(later)] == ["ml/beats"]
     assert book.node_summary("n1", later).stale_entries == 1  # ml/beats alone
+
+
+def test_our_condition_is_set_without_touching_the_kubelets() -> None:
+    kubelets = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}
+    before = {"metadata": {"uid": "u1"}, "status": {"conditions": [kubelets]}}
+    waiting = apply_json_patch(
+        deepcopy(before), condition_patch(before, "False", "Waiting", "position 2", "t1")
+    )
+    assert waiting["status"]["conditions"][0] == kubelets
+    assert waiting["status"]["conditions"][1]["reason"] == "Waiting"
+    still = apply_json_patch(
+        deepcopy(waiting), condition_patch(waiting, "False", "Waiting", "position 1", "t2")
+    )
+    assert still["status"]["conditions"][1]["lastTransitionTime"] == "t1"  # no transition
+    admitted = apply_json_patch(
+        deepcopy(still), condition_patch(still, "True", "Admitted", "pinned", "t3")
+    )
+    assert [c["type"] for c in admitted["status"]["conditions"]] == [
+        "PodScheduled",
+        "headroom.dev/Admitted",
+    ]
+    assert admitted["status"]["conditions"][1]["lastTransitionTime"] == "t3"
+    bare = {"metadata": {"uid": "u1"}, "status": {}}
+    first = apply_json_patch(deepcopy(bare), condition_patch(bare, "False", "Waiting", "", "t0"))
+    assert [c["type"] for c in first["status"]["conditions"]] == ["headroom.dev/Admitted"]

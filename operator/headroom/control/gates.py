@@ -58,6 +58,7 @@ from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
 from headroom.objects.pods import (
     bound_node,
+    condition_patch,
     is_finished,
     is_gated,
     owning_pod_uid,
@@ -501,12 +502,21 @@ class Gates:
             return
         seen.said = said
         meta = seen.obj.get("metadata") or {}
-        self._events.record(
-            ObjectRef("v1", "Pod", str(meta.get("name")), seen.uid, str(meta.get("namespace"))),
-            reason,
-            message[:1024],
-            kind,
-        )
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        self._events.record(ObjectRef("v1", "Pod", key[1], seen.uid, key[0]), reason, message, kind)
+        admitted = "True" if reason in ("Admitted", "OverCommitted") else "False"
+        now = self._clock.now().isoformat().replace("+00:00", "Z")
+        patch = condition_patch(seen.obj, admitted, reason, message, now)
+        self._tasks.spawn(self._set_condition(key, patch))
+
+    async def _set_condition(self, key: PodKey, patch: list[JSON]) -> None:
+        """Best effort: the Event says the same, and the next change writes it again."""
+        if not self._may_act():
+            return
+        try:
+            await self._transport.json_patch(pod_path(*key) + "/status", patch)
+        except (ApiError, ApiUnavailableError) as error:
+            log.debug("condition of pod %s/%s not written: %s", *key, error)
 
     async def stop(self) -> None:
         for timer in self._timers.values():

@@ -34,6 +34,8 @@ from headroom.api.constants import (
 JSON = dict[str, Any]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+#: The pod condition that says where its claim stands (True once admitted and pinned).
+CONDITION = "headroom.dev/Admitted"
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
@@ -277,3 +279,33 @@ def pinned_node(pod: JSON) -> str | None:
                 if len(values) == 1:
                     nodes.add(str(values[0]))
     return nodes.pop() if len(nodes) == 1 else None
+
+
+# -- the pod's condition ----------------------------------------------------------------------
+
+
+def condition_patch(pod: JSON, status: str, reason: str, message: str, at: str) -> list[JSON]:
+    """A JSON patch for ``pods/status`` that sets our condition and touches no other: it
+    replaces ours where it is (guarded by a ``test`` of its type, so a list the kubelet
+    changed meanwhile is refused, not clobbered), or appends it."""
+    condition = {
+        "type": CONDITION,
+        "status": status,
+        "reason": reason,
+        "message": message[:1024],
+        "lastTransitionTime": at,
+    }
+    conditions = (pod.get("status") or {}).get("conditions")
+    uid = (pod.get("metadata") or {}).get("uid")
+    same_pod = {"op": "test", "path": "/metadata/uid", "value": uid}
+    if not isinstance(conditions, list):
+        return [same_pod, _add("/status/conditions", [condition])]
+    for index, existing in enumerate(conditions):
+        if isinstance(existing, dict) and existing.get("type") == CONDITION:
+            if existing.get("status") == status:
+                condition["lastTransitionTime"] = existing.get("lastTransitionTime", at)
+            return [
+                {"op": "test", "path": f"/status/conditions/{index}/type", "value": CONDITION},
+                {"op": "replace", "path": f"/status/conditions/{index}", "value": condition},
+            ]
+    return [same_pod, _add("/status/conditions/-", condition)]
