@@ -94,6 +94,7 @@ class ClaimPod:
     retry_after: float = 0.0  # monotonic; no new reservation before
     retries: int = 0
     refused: str = ""  # the uid of its last reservation seen finally refused
+    seen_at: float = 0.0  # monotonic: when a watch (or the list asked then) showed it
 
 
 class Gates:
@@ -145,9 +146,12 @@ class Gates:
                 self._tasks.spawn(self._gone(key, uid))
             return
         seen = self._pods.get(key)
+        if listed_at is not None and seen is not None and seen.seen_at >= listed_at:
+            return  # a watch event since the list was asked for is newer
         if seen is None or seen.uid != uid:
             seen = self._pods[key] = ClaimPod(obj, uid)
         seen.obj = obj
+        seen.seen_at = self._clock.monotonic() if listed_at is None else listed_at
         if is_gated(obj) and seen.gated_at is None:
             seen.gated_at = self._clock.monotonic()
         self.poke(key)
@@ -255,12 +259,13 @@ class Gates:
         if known is None and wait > 0:
             self._later(key, wait)  # refused a moment ago: not again at once
             return
-        if is_gated(pod):
-            if known is None or known[1] != seen.uid:
-                if known is None:
-                    self._run(key, self._create(key, seen, claim))
-                else:  # left by an earlier pod of the same name: the GC's, or ours
-                    self._run(key, self._replace(key, known[0]))
+        if known is not None and known[1] != seen.uid:
+            # Left by an earlier pod of the same name (its owner is gone: the garbage
+            # collector deletes it too); this pod gets its own.
+            self._run(key, self._replace(key, known[0]))
+        elif is_gated(pod):
+            if known is None:
+                self._run(key, self._create(key, seen, claim))
             elif record is not None and record.held and record.confirmed:
                 self._run(key, self._ungate(key, seen, record))
             elif record is not None and record.confirmed:
