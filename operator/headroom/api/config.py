@@ -194,6 +194,15 @@ class OperatorConfig(BaseModel):
         alias="ramSource",
         description="Which Node figure is a node's total RAM.",
     )
+    pod_requests: Literal["subtract", "ignore"] = Field(
+        "subtract",
+        alias="podRequests",
+        description=(
+            "subtract: a node's RAM limit leaves out what pods bound to it requested beyond "
+            "what they hold in the ledger (kube-scheduler booked it). ignore: the ledger "
+            "counts the node's whole RAM, as before."
+        ),
+    )
     sweep_period: FastDuration = Field(
         timedelta(seconds=10),
         alias="sweepPeriod",

@@ -320,6 +320,15 @@ class NodeHeadroomStatus(_Model):
     queued_ram_mb: SumMB = Field(
         0, alias="queuedRAMMB", description="RAM the waiting reservations ask for, MiB."
     )
+    pod_requests_mb: SumMB = Field(
+        0,
+        alias="podRequestsMB",
+        description=(
+            "Memory that pods bound to the node requested beyond what they hold in the "
+            "ledger, MiB: kube-scheduler booked it, so it is out of the limit (config "
+            "podRequests: subtract)."
+        ),
+    )
     stale_window_seconds: int = Field(
         300,
         alias="staleWindowSeconds",

@@ -31,6 +31,7 @@ from headroom.control.keys import Adoption, load_key
 from headroom.control.lookups import Lookups
 from headroom.control.nodes import Nodes
 from headroom.control.owners import OWNER_SELECTOR, Owners
+from headroom.control.podrequests import PodRequestsFeed
 from headroom.control.reclaim import Reclaimer
 from headroom.control.reconcile import Reconciler
 from headroom.control.state import State
@@ -144,6 +145,11 @@ class Controller:
             reclaim=self.reclaimer.reclaim,
             rng=self.rng,
         )
+        self.pod_requests = (
+            PodRequestsFeed(state, transport, self.clock, changed=lambda: self.admission.wake())
+            if config.pod_requests == "subtract"
+            else None
+        )
         self.gates = Gates(
             state,
             transport,
@@ -206,8 +212,8 @@ class Controller:
             self._in_background(adoption.finish())
         self.ready.set()
 
-    def _follow(self, versions: tuple[str, str, str, str]) -> None:
-        node_version, pod_version, reservation_version, claim_version = versions
+    def _follow(self, versions: tuple[str, str, str, str, str]) -> None:
+        node_version, pod_version, reservation_version, claim_version, all_pods = versions
         spawn, transport, rng = self.supervisor.spawn, self.transport, self.rng
         spawn(
             "watch-reservations",
@@ -236,6 +242,18 @@ class Controller:
                 rng=rng,
             ),
         )
+        if self.pod_requests is not None:
+            spawn(
+                "watch-all-pods",
+                follow(
+                    transport,
+                    PODS,
+                    all_pods,
+                    self.pod_requests.on_pod,
+                    self.pod_requests.relist,
+                    rng=rng,
+                ),
+            )
         spawn(
             "watch-claims",
             follow(
@@ -290,11 +308,13 @@ class Controller:
 
     # -- rebuild and resync ------------------------------------------------------------------
 
-    async def rebuild(self) -> tuple[str, str, str, str]:
-        """Rebuild the ledger; return the Node, owner Pod, Reservation and claiming Pod
-        lists' resourceVersions."""
+    async def rebuild(self) -> tuple[str, str, str, str, str]:
+        """Rebuild the ledger; return the Node, owner Pod, Reservation, claiming Pod and
+        all Pods lists' resourceVersions."""
         started = self.clock.monotonic()
         nodes, node_version = await list_all(self.transport, NODES)
+        # What pods requested, before any admission is restored or decided against it.
+        all_pods = await self.pod_requests.relist() if self.pod_requests is not None else ""
         pods, pod_version = await list_all(self.transport, PODS, label_selector=OWNER_SELECTOR)
         reservations, version = await list_all(self.transport, RESERVATIONS)
         claims, claim_version = await list_all(self.transport, PODS, label_selector=CLAIM_SELECTOR)
@@ -318,7 +338,7 @@ class Controller:
             len(self.state.holders),
             len(self.admission),
         )
-        return node_version, pod_version, version, claim_version
+        return node_version, pod_version, version, claim_version, all_pods
 
     async def _resync_forever(self) -> None:
         period = self.config.resync_period.total_seconds()
@@ -328,7 +348,9 @@ class Controller:
         while True:
             await asyncio.sleep(delay)
             failed = False
-            steps = (self.resync, self.nodes.relist, self.owners.relist, self.gates.relist)
+            steps = [self.resync, self.nodes.relist, self.owners.relist, self.gates.relist]
+            if self.pod_requests is not None:
+                steps.append(self.pod_requests.relist)
             for step in (*steps, self._orphans):
                 try:
                     await step()

@@ -39,6 +39,7 @@ from headroom.ledger.decisions import (
 )
 from headroom.ledger.entry import Entry
 from headroom.ledger.node import NodeState, format_ratio
+from headroom.ledger.pods import PodKey, PodRequests
 from headroom.ledger.queue import WaitQueues
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
@@ -54,6 +55,7 @@ class Ledger:
         self._reserved_mb = self._released_mb = self._reclaimed_mb = 0
         self._failures: Counter[Reason] = Counter()
         self.waiting = WaitQueues()
+        self.pods = PodRequests()
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
 
@@ -61,7 +63,29 @@ class Ledger:
         state = self._nodes.get(name)
         if state is None:
             state = self._nodes[name] = NodeState(name, self.limits)
+            state.pod_requests_mb = self.pods.on(name)
         return state
+
+    # -- pods placed by the scheduler (headroom.ledger.pods) ------------------------------
+
+    def set_pod_request(self, key: PodKey, node: str, request_mb: int) -> set[str]:
+        """A pod bound to ``node`` requests ``request_mb``; the nodes whose limit moved."""
+        return self._apply(self.pods.set_pod(key, node, request_mb))
+
+    def remove_pod_request(self, key: PodKey) -> set[str]:
+        return self._apply(self.pods.remove_pod(key))
+
+    def _apply(self, nodes: set[str]) -> set[str]:
+        for node in nodes:
+            state = self._nodes.get(node)
+            if state is not None:
+                state.pod_requests_mb = self.pods.on(node)
+        return nodes
+
+    def _claimed(self, entry: Entry, sign: int) -> None:
+        if entry.owner.pod:
+            namespace = entry.id.split("/", 1)[0]
+            self._apply(self.pods.claim((namespace, entry.owner.pod), sign * entry.ram_mb))
 
     def set_node_capacity(
         self,
@@ -268,11 +292,12 @@ class Ledger:
             )
         limit = state.limit_ram_mb()
         if limit is not None and state.reserved_ram_mb + entry.ram_mb > limit:
+            pods = f" − pods {state.pod_requests_mb}" if state.pod_requests_mb else ""
             return Reason.INSUFFICIENT_RAM, (
                 f"node {node}: requested {entry.ram_mb} MiB, allocatable "
                 f"{max(limit - state.reserved_ram_mb, 0)} MiB (total {state.total_ram_mb} × "
                 f"{format_ratio(state.limits.max_overcommit_ratio)} − reserve "
-                f"{state.limits.system_reserve_mb} − reserved {state.reserved_ram_mb})"
+                f"{state.limits.system_reserve_mb}{pods} − reserved {state.reserved_ram_mb})"
             )
         if state.vram_mb is not None and state.reserved_vram_mb + entry.vram_mb > state.vram_mb:
             return Reason.INSUFFICIENT_VRAM, (
@@ -287,6 +312,7 @@ class Ledger:
         self._entries[entry.id] = entry
         self._reserved_mb += entry.ram_mb
         self._schedule(entry)
+        self._claimed(entry, +1)
 
     def _schedule(self, entry: Entry, at: datetime | None = None) -> None:
         if len(self._deadlines) > 2 * len(self._live) + 1024:
@@ -307,6 +333,7 @@ class Ledger:
         self._live.pop(entry_id, None)
         state = self._nodes[entry.node]
         state.remove(entry_id)
+        self._claimed(entry, -1)
         if not state.entries and not state.known:
             del self._nodes[entry.node]
         return entry

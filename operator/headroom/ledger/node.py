@@ -21,6 +21,7 @@ class NodeState:
     total_ram_mb: int | None = None  # None: capacity unknown
     vram_mb: int | None = None  # None: VRAM unknown, tracked but not enforced
     reserved_ram_mb: int = 0
+    pod_requests_mb: int = 0  # requested by pods beyond their claims (headroom.ledger.pods)
     reserved_vram_mb: int = 0
     entries: dict[str, Entry] = field(default_factory=dict)
 
@@ -29,12 +30,13 @@ class NodeState:
         return self.total_ram_mb is not None
 
     def limit_ram_mb(self) -> int | None:
-        """Most RAM that may be reserved; None when unlimited (ratio 0) or unknown."""
+        """Most RAM that may be reserved: ``floor(total × ratio) − reserve − memory pods
+        requested beyond their claims``; None when unlimited (ratio 0) or unknown."""
         if self.total_ram_mb is None or self.limits.unlimited:
             return None
         ratio = self.limits.max_overcommit_ratio
         scaled = self.total_ram_mb * ratio.numerator // ratio.denominator
-        return max(scaled - self.limits.system_reserve_mb, 0)
+        return max(scaled - self.limits.system_reserve_mb - self.pod_requests_mb, 0)
 
     def add(self, entry: Entry) -> None:
         self.entries[entry.id] = entry

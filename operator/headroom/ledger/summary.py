@@ -31,6 +31,7 @@ class NodeSummary:
     over_committed: bool
     queued_entries: int = 0  # waiting for room (hold no capacity)
     queued_ram_mb: int = 0
+    pod_requests_mb: int = 0  # requested by pods beyond their claims; out of the limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ def summarize(state: NodeState, now: datetime) -> NodeSummary:
         system_reserve_mb=state.limits.system_reserve_mb,
         max_overcommit_ratio=state.limits.max_overcommit_ratio,
         limit_ram_mb=limit,
+        pod_requests_mb=state.pod_requests_mb,
         reserved_ram_mb=state.reserved_ram_mb,
         allocatable_ram_mb=allocatable(state),
         reserved_vram_mb=state.reserved_vram_mb,

@@ -30,6 +30,7 @@ from headroom.api.constants import (
     RESERVATION_ANNOTATION,
     SCHEDULING_GATE,
 )
+from headroom.api.parse import InvalidValueError, memory_mib
 
 JSON = dict[str, Any]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -309,3 +310,33 @@ def condition_patch(pod: JSON, status: str, reason: str, message: str, at: str) 
                 {"op": "replace", "path": f"/status/conditions/{index}", "value": condition},
             ]
     return [same_pod, _add("/status/conditions/-", condition)]
+
+
+# -- what a bound pod requested -------------------------------------------------------------
+
+
+def memory_request_mb(pod: JSON) -> int:
+    """The pod's effective memory request, as kube-scheduler books it, in MiB rounded up:
+    the larger of its containers' sum and its largest init container, plus overhead.
+    (Restartable init containers, i.e. sidecars, add to the sum.)"""
+    spec = pod.get("spec") or {}
+
+    def request(container: Any) -> int:
+        if not isinstance(container, dict):
+            return 0
+        value = ((container.get("resources") or {}).get("requests") or {}).get("memory")
+        try:
+            return memory_mib(value, round_up=True) if value is not None else 0
+        except InvalidValueError:  # the API server validated it; nothing better to do
+            return 0
+
+    containers = sum(request(c) for c in spec.get("containers") or [])
+    inits = [c for c in spec.get("initContainers") or [] if isinstance(c, dict)]
+    sidecars = sum(request(c) for c in inits if c.get("restartPolicy") == "Always")
+    largest_init = max((request(c) for c in inits if c.get("restartPolicy") != "Always"), default=0)
+    overhead = (spec.get("overhead") or {}).get("memory")
+    try:
+        extra = memory_mib(overhead, round_up=True) if overhead is not None else 0
+    except InvalidValueError:
+        extra = 0
+    return max(containers + sidecars, largest_init) + extra

@@ -31,6 +31,7 @@ def headroom_status(ledger: Ledger, node: str, now: datetime) -> JSON:
         over_committed=s.over_committed,
         queued_entries=s.queued_entries,
         queued_ram_mb=s.queued_ram_mb,
+        pod_requests_mb=s.pod_requests_mb,
         stale_window_seconds=max(
             int(ledger.limits_for(node).heartbeat_stale_window.total_seconds()), 1
         ),
