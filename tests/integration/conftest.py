@@ -108,9 +108,12 @@ def claim_node(
 
     def summarized() -> None:  # as for any node that has been there a while
         listed = custom.list_cluster_custom_object(GROUP, VERSION, "nodeheadrooms")["items"]
-        assert [h["status"]["capacityKnown"] for h in listed if h["metadata"]["name"] == node] == [
-            True
+        known = [
+            (h.get("status") or {}).get("capacityKnown")  # created, status not written yet
+            for h in listed
+            if h["metadata"]["name"] == node
         ]
+        assert known == [True], known
 
     eventually(summarized)
     return node
