@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -145,10 +146,24 @@ def test_no_decision_within_the_timeout_exits_3_and_withdraws_the_claim(
 ) -> None:
     rsv.create(custom, namespace, "big", claim_node, 6144)
     assert rsv.wait_for(custom, namespace, "big")["status"]["phase"] == "Admitted"
-    rsv.heartbeat(custom, namespace, "big")
     marker = tmp_path / "ran"
     flags = ("--node", claim_node, "--ram", "4096", "--wait", "5m", "--timeout", "2s")
-    result = run(hold(*flags, command=["touch", str(marker)]))
+    # "big" stays alive all along: a loaded machine slows hold's start-up past the 3 s
+    # stale window, and the room freed by a reclaim must not decide the claim instead.
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(0.5):
+            rsv.heartbeat(custom, namespace, "big")
+
+    beating = threading.Thread(target=beat, daemon=True)
+    rsv.heartbeat(custom, namespace, "big")
+    beating.start()
+    try:
+        result = run(hold(*flags, command=["touch", str(marker)]))
+    finally:
+        done.set()
+        beating.join()
     assert result.returncode == 3, result.stderr
     assert "queued on node" in result.stderr  # it waited in the queue, then gave up
     assert result.stderr.splitlines()[-1].startswith("Error: no decision on reservation")
