@@ -49,7 +49,7 @@ from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
 from headroom.api.reasons import Phase, Reason
 from headroom.api.refs import ObjectRef
 from headroom.control.placement import choose_node
-from headroom.control.state import PodKey, Record, State, deliver_listed
+from headroom.control.state import PodKey, Record, State, deliver_listed, pod_key
 from headroom.control.tasks import BackgroundTasks
 from headroom.control.telemetry import NoTelemetry, Telemetry
 from headroom.kube.backoff import Backoff
@@ -137,7 +137,7 @@ class Gates:
 
     def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
         meta = obj.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        key = pod_key(obj)
         uid = str(meta.get("uid", ""))
         if event_type == "DELETED":
             seen = self._pods.get(key)
@@ -185,7 +185,7 @@ class Gates:
         if pod_uid is None:
             return
         meta = obj.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        key = pod_key(obj)
         uid = str(meta.get("uid", ""))
         if self._reservations.get(key, ("", None))[0] != uid:
             self._reservations[key] = (uid, pod_uid)

@@ -26,7 +26,7 @@ from headroom.api.constants import OWNER_LABEL
 from headroom.api.paths import PODS, pod_path
 from headroom.api.reasons import Reason
 from headroom.api.refs import ObjectRef
-from headroom.control.state import POD, PodKey, Record, SeenPod, State, deliver_listed
+from headroom.control.state import POD, PodKey, Record, SeenPod, State, deliver_listed, pod_key
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
@@ -59,7 +59,7 @@ class Owners:
     def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
         """A labelled Pod from the watch (``listed_at`` None) or a snapshot from ``listed_at``."""
         meta = obj.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        key = pod_key(obj)
         uid, state = str(meta.get("uid", "")), self._state
         seen = state.pods.get(key)
         if listed_at is not None and seen is not None and seen.seen_at >= listed_at:
