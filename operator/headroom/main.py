@@ -19,7 +19,8 @@ from headroom.control.supervisor import Supervisor
 from headroom.handlers.wiring import build_registry, configure
 from headroom.kube.client import Credentials, KubeClient
 from headroom.kube.clock import Clock, SystemClock
-from headroom.kube.leader import LeaderElector, LeaseSettings
+from headroom.kube.leader import LeaseSettings
+from headroom.kube.leasethread import LeaseThread
 from headroom.objects.certificates import CertificatePolicy, service_names
 from headroom.serving.metrics import EventsCollector, OperatorMetrics
 from headroom.serving.probes import ProbeServer
@@ -51,13 +52,13 @@ def _identity() -> str:
 
 
 def _elector(
-    config: OperatorConfig, client: KubeClient, clock: Clock, identity: str
-) -> LeaderElector | None:
+    config: OperatorConfig, credentials: Credentials, clock: Clock, identity: str
+) -> LeaseThread | None:
     election = config.leader_election
     if not election.enabled:
         return None
-    return LeaderElector(
-        client,
+    return LeaseThread(
+        credentials,
         LeaseSettings(
             namespace=election.namespace or os.environ.get("POD_NAMESPACE", "default"),
             name=election.lease_name,
@@ -119,7 +120,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
 
     supervisor = Supervisor(on_failure=failed)
     identity = _identity()
-    elector = _elector(config, client, clock, identity)
+    elector = _elector(config, credentials, clock, identity)
     controller: Controller | None = None
     metrics = OperatorMetrics(
         lambda: controller.state.ledger if controller and controller.ready.is_set() else None
@@ -150,8 +151,8 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
         await webhook[0].start()
         supervisor.spawn("webhook-certificate", webhook[1].run())
     if elector is not None:
-        await elector.acquire()  # a standby waits here, holding no ledger
-        supervisor.spawn("lease", elector.hold(on_lost=_stop_deciding_now))
+        await elector.acquire(on_lost=_stop_deciding_now)  # a standby waits here
+        supervisor.spawn("lease", elector.held())
     settings = kopf.OperatorSettings()
     configure(settings)
     try:
