@@ -133,9 +133,10 @@ def choose_devices(
 ) -> Assignment | DeviceRefusal:
     """The devices a claim of ``vram_mb`` over ``gpus`` devices goes on, or why none.
 
-    ``held`` may name devices that are gone; they are ignored here. The result
-    is deterministic: the same devices, holdings and claim give the same
-    assignment, whatever the order of ``devices``.
+    Device ids are unique (the inventory guarantees it). ``held`` may name
+    devices that are gone; they are ignored here. The result is deterministic:
+    the same devices, holdings and claim give the same assignment, whatever the
+    order of ``devices``.
     """
     if gpus < 1 or vram_mb < 1:
         raise ValueError(f"a device claim needs gpus >= 1 and vram_mb >= 1, got {gpus}, {vram_mb}")

@@ -134,10 +134,10 @@ def _inventory(
 
 def hami_devices(value: object) -> tuple[list[GpuDevice], list[str]]:
     """The healthy devices in HAMi's annotation (JSON, or the older text), and problems."""
+    if isinstance(value, str) and len(value) > MAX_INVENTORY_TEXT:
+        return [], [f"{_HAMI}: {len(value)} characters, at most {MAX_INVENTORY_TEXT}"]
     if not isinstance(value, str) or not value.strip():
         return [], [f"{_HAMI}: not a device list: {shown(value)}"]
-    if len(value) > MAX_INVENTORY_TEXT:
-        return [], [f"{_HAMI}: {len(value)} characters, at most {MAX_INVENTORY_TEXT}"]
     text = value.strip()
     if text.startswith("["):
         try:
