@@ -41,6 +41,17 @@ ENTRIES_ANNOTATION = f"{GROUP}/max-entries"
 #: GPU Feature Discovery labels: MiB per GPU, and the number of GPUs.
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+#: More GFD labels: time-slicing replicas per GPU (0 on a MIG-enabled GPU), the
+#: product name (``…-MIG-<profile>`` under MIG ``single``), the MIG strategy, and
+#: under ``mixed`` one ``nvidia.com/mig-<profile>.count`` / ``.memory`` pair per profile.
+GPU_REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+MIG_LABEL_PREFIX = "nvidia.com/mig-"
+#: HAMi's device plugin registers each node's GPUs in this annotation.
+HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+#: The DRA drivers whose ResourceSlices are read as GPU inventory, by default.
+DEFAULT_DRA_DRIVERS = ("gpu.nvidia.com",)
 
 # -- bounds ---------------------------------------------------------------------------------
 
@@ -55,8 +66,19 @@ MAX_RATIO_DECIMALS = 9
 #: A sum over one node's reservations (reserved RAM and VRAM, the limit
 #: ``total × ratio``) can never exceed this, whatever the entries are.
 MAX_NODE_SUM_MB = MAX_MB * MAX_ENTRIES_PER_NODE
-#: GPUs on one node.
+#: GPUs on one node; also GPU devices (full GPUs and MIG devices) in its inventory.
 MAX_GPUS = 1024
+#: Time-slicing replicas of one GPU (GFD's ``nvidia.com/gpu.replicas``).
+MAX_GPU_REPLICAS = 1_000_000
+#: Devices in one ResourceSlice (``resource.k8s.io/v1`` allows at most 128).
+MAX_DEVICES_PER_SLICE = 128
+#: ResourceSlices read for one node (all pools of the configured drivers).
+MAX_SLICES_PER_NODE = 64
+#: The longest inventory text read: a HAMi annotation (all of a Node's annotations
+#: together may be 256 KiB).
+MAX_INVENTORY_TEXT = 256 * 1024
+#: The longest device identity, pool or driver name read (a DNS subdomain).
+MAX_DEVICE_NAME = 253
 #: Times a tenant can write (expiresAt, heartbeats). The upper bound leaves room to
 #: add any duration below without leaving what a datetime can hold.
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
