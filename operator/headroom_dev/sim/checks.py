@@ -3,10 +3,12 @@
 At every change the fake API server applies (``FakeApiServer.subscribe``):
 
 - **never over a node's limit**: when a reservation becomes Admitted by a new
-  decision, the Admitted RAM on its node is within the node's limit. The limit
-  is the largest the node had in the last ``SHRINK_GRACE`` seconds: a decision
-  taken before the operator could know of a shrink is not an overcommit of the
-  operator's making (the ledger's own arithmetic is proven by property tests);
+  decision, the Admitted RAM on its node (gated pods' reservations included) is
+  within the node's limit; only a pod the scheduler already placed there may be
+  recorded over it (``OverCommitted``). The limit is the largest the node had in
+  the last ``SHRINK_GRACE`` seconds: a decision taken before the operator could
+  know of a shrink is not an overcommit of the operator's making (the ledger's
+  own arithmetic is proven by property tests);
 - **decided once**: a reservation carries one Admitted or Rejected decision
   (its decisionID) in its life, and Admitted may only become Reclaimed;
 - **never drop the living**: a reservation reclaimed as stale at time t had no
@@ -25,8 +27,9 @@ At every change the fake API server applies (``FakeApiServer.subscribe``):
   was created until the refusal landed.
 
 After the schedule quiesces (:meth:`Checker.final`): every reservation is
-decided, its status is the live operator's truth, and the operator remembers
-nothing that is gone.
+decided (a gated pod's may still be Queued: it waits as long as its pod), its
+status is the live operator's truth, and the operator remembers nothing that is
+gone. Gated pods have checks of their own: :mod:`headroom_dev.sim.podchecks`.
 """
 
 from __future__ import annotations
@@ -129,6 +132,11 @@ class Checker:
         known = [limit for limit in recent if limit is not None]
         return max(known) if known else None
 
+    def limit_now(self, node: str) -> int | None:
+        """The node's limit as it stands now (None: unknown, or no such node now)."""
+        history = self._limits.get(node) or []
+        return history[-1][1] if history else None
+
     def _beat(self, kind: str, key: tuple[str, str], obj: JSON) -> None:
         value = ((obj.get("metadata") or {}).get("annotations") or {}).get(HEARTBEAT_ANNOTATION)
         marker = (kind, *key)
@@ -177,6 +185,8 @@ class Checker:
         node, ram = obj["spec"]["node"], int(obj["spec"]["ramMB"])
         self._admitted[uid] = (node, ram)
         self._admitted_at[uid] = self.now()
+        if (obj.get("status") or {}).get("reason") == "OverCommitted":
+            return  # a pod already running there, recorded as it is (podchecks checks that)
         limit = self._limit(node)
         total = sum(mb for n, mb in self._admitted.values() if n == node)
         if limit is None:
@@ -256,13 +266,21 @@ class Checker:
 
     # -- after quiescence ------------------------------------------------------------------
 
-    def final(self, reservations: list[JSON], controller: Controller | None) -> None:
+    def final(
+        self,
+        reservations: list[JSON],
+        controller: Controller | None,
+        may_wait: Callable[[JSON], bool] = lambda obj: False,
+    ) -> None:
+        """``may_wait``: a reservation that may still be Queued (a gated pod's, which
+        waits as long as its pod does; ``podchecks`` checks it is not stuck)."""
         present = set()
         for obj in reservations:
             meta, status = obj["metadata"], obj.get("status") or {}
             uid, key = meta["uid"], (meta["namespace"], meta["name"])
             present.add(uid)
-            if status.get("phase") not in ("Admitted", "Rejected", "Reclaimed"):
+            waits = status.get("phase") == "Queued" and may_wait(obj)
+            if status.get("phase") not in ("Admitted", "Rejected", "Reclaimed") and not waits:
                 self.fail(f"{key}: never decided: {status}")
                 continue
             if controller is None:
