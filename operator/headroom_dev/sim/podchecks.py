@@ -126,7 +126,7 @@ class PodChecker:
         if owner_pod_uid(reservation) != pod["metadata"]["uid"]:
             self.fail(f"pod {key} ungated with reservation {name}, which is not its own")
         elif phase != "Admitted":
-            self.fail(f"pod {key} ungated while its reservation {name} is {phase}")
+            self.fail(f"pod {key} ungated while its reservation {name} is {phase or 'undecided'}")
         elif not pinned_to(pod, node):
             self.fail(f"pod {key} ungated without a pin to node {node}, where it was admitted")
 
