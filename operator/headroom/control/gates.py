@@ -16,7 +16,9 @@ confirmed, the resync):
   lets a pod run: a crash before the write must not leave a pod running on a
   decision nobody recorded. A patch refused (another admission plugin, foreign
   constraints) reclaims the reservation (``UngateRefused``): nothing stays
-  Admitted while its pod stays gated;
+  Admitted while its pod stays gated. One that failed only because it was made
+  from a stale view of the pod (another controller lifted its own gate
+  meanwhile) is made again from the pod as it is, not taken for a refusal;
 - gated, its reservation finally refused (its wait ran out): shown on the pod; a
   pod that set no wait of its own gets a new reservation, so it waits as long as
   it is gated;
@@ -419,6 +421,11 @@ class Gates:
             current = await self._fresh(key)
             same = current is not None and (current.get("metadata") or {}).get("uid") == seen.uid
             if same and current is not None and is_gated(current) and error.status != 409:
+                if ungate_patch(current, record.node, record.name) != operations:
+                    # Sent from a stale view (another controller moved the gates, say):
+                    # not a refusal. Again, from the pod as it is now.
+                    self._stirred.add(key)
+                    return
                 self._telemetry.ungate_failed(error.reason or str(error.status))
                 why = f"pod {key[1]} could not be pinned to {record.node} and ungated: "
                 self._reclaim(record, Reason.UNGATE_REFUSED, why + error.message)

@@ -1,0 +1,128 @@
+"""Races of gated pods the simulation found, each replayed on the fake API server.
+
+The controller's watches are off: each test delivers the events itself, and withholds
+or delays the one that makes the race.
+
+- A claiming pod deleted and created again under its name, its deletion never seen
+  (seed 4576 of the first schedules with gated pods): the new pod's reservation was
+  taken for the old pod's (its owner read by name from the owner-pod cache, which
+  still held the old incarnation), then reclaimed as "owner pod was replaced", and
+  the new pod ran holding nothing. A gated pod's reservation names its owner's
+  incarnation in its ownerReference; that is the owner.
+- A foreign gate lifted by another controller while the operator's view of the pod
+  still had it (seed 2818): the ungate patch, made from that view, failed its
+  ``test`` of our gate's index, and was taken for a refusal (the reservation
+  reclaimed ``UngateRefused``, the pod's place in the queue lost, a Warning shown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from headroom.api.config import OperatorConfig
+from headroom.api.constants import CLAIM_LABEL, OWNER_LABEL, RAM_ANNOTATION, SCHEDULING_GATE
+from headroom.control.controller import Controller
+from headroom.kube.transport import JSON, resource_path
+from headroom_dev.sim.fakeapi import FakeApiServer
+from headroom_dev.sim.loop import VirtualClock, run_virtual
+
+NS = "ml"
+PODS = resource_path("", "v1", "pods", NS)
+FOREIGN = "example.com/quota"
+
+
+def start(server: FakeApiServer) -> Controller:
+    return Controller(
+        OperatorConfig(), server.client("operator"), clock=VirtualClock(), follow_watches=False
+    )
+
+
+async def deliver_reservations(server: FakeApiServer, controller: Controller) -> None:
+    """What the reservation watch would say, for a few seconds."""
+    for _ in range(3):
+        await asyncio.sleep(1)
+        for reservation in server.reservations(NS):
+            controller.on_reservation("MODIFIED", reservation)
+
+
+def bound_pod(server: FakeApiServer, node: str) -> JSON:
+    """A claiming pod the webhook missed (no gate), bound by the scheduler."""
+    body = {
+        "metadata": {
+            "name": "p",
+            "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
+            "annotations": {RAM_ANNOTATION: "512Mi"},
+        },
+        "spec": {"containers": [{"name": "main", "image": "sim"}]},
+    }
+    pod = server.create(PODS, body)
+    binding = {"metadata": {"name": "p", "uid": pod["metadata"]["uid"]}, "target": {"name": node}}
+    server.create(f"{PODS}/p/binding", binding)
+    found = server.get(f"{PODS}/p")
+    assert found is not None
+    return found
+
+
+def test_the_new_pods_reservation_is_its_own_though_the_old_pods_deletion_was_missed() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        old = bound_pod(server, "n1")
+        controller = start(server)
+        await controller.start()  # lists the old pod: its reservation is made
+        await deliver_reservations(server, controller)
+        [first] = server.reservations(NS)
+        assert first["status"]["phase"] == "Admitted"
+        server.delete(f"{PODS}/p")  # its DELETED reaches no one
+        new = bound_pod(server, "n1")
+        assert new["metadata"]["uid"] != old["metadata"]["uid"]
+        controller.gates.on_pod("ADDED", new)  # the old reservation goes, a new one comes
+        await asyncio.sleep(1)
+        controller.on_reservation("DELETED", first)
+        await deliver_reservations(server, controller)
+        controller.owners.on_pod("MODIFIED", new)  # the owner watch sees the new pod
+        await deliver_reservations(server, controller)
+        [second] = server.reservations(NS)
+        owner = second["metadata"]["ownerReferences"][0]["uid"]
+        assert owner == new["metadata"]["uid"]
+        assert (second["status"]["phase"], second["status"]["reason"]) == ("Admitted", "Fits")
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_an_ungate_made_from_a_stale_view_is_made_again_not_taken_for_a_refusal() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        body = {
+            "metadata": {
+                "name": "p",
+                "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
+                "annotations": {RAM_ANNOTATION: "512Mi"},
+            },
+            "spec": {
+                "containers": [{"name": "main", "image": "sim"}],
+                "schedulingGates": [{"name": FOREIGN}, {"name": SCHEDULING_GATE}],
+            },
+        }
+        server.create(PODS, body)
+        controller = start(server)
+        await controller.start()  # sees both gates: our gate is at index 1
+        # The quota controller lifts its gate; the claim watch has not said so yet.
+        server.merge_patch(f"{PODS}/p", {"spec": {"schedulingGates": [{"name": SCHEDULING_GATE}]}})
+        await deliver_reservations(server, controller)  # admitted, then ungated
+        [reservation] = server.reservations(NS)
+        assert (reservation["status"]["phase"], reservation["status"]["reason"]) == (
+            "Admitted",
+            "Fits",
+        )
+        pod = server.get(f"{PODS}/p")
+        assert pod is not None
+        assert "schedulingGates" not in pod["spec"]
+        assert pod["metadata"]["annotations"]["headroom.dev/reservation"] == "p"
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
