@@ -13,16 +13,23 @@ or delays the one that makes the race.
   still had it (seed 2818): the ungate patch, made from that view, failed its
   ``test`` of our gate's index, and was taken for a refusal (the reservation
   reclaimed ``UngateRefused``, the pod's place in the queue lost, a Warning shown).
+- A claiming pod that ended before its reservation was decided (seed 5786: it
+  ended while the operator was down): the gates reclaimed the reservation the
+  moment its Admitted status was confirmed, and the confirmation then announced and
+  released that reclaim as if it were written, so its memory went to another
+  reservation while the API still showed this one Admitted.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from headroom.api.claims import pod_claim
 from headroom.api.config import OperatorConfig
 from headroom.api.constants import CLAIM_LABEL, OWNER_LABEL, RAM_ANNOTATION, SCHEDULING_GATE
 from headroom.control.controller import Controller
 from headroom.kube.transport import JSON, resource_path
+from headroom.objects.pods import pod_reservation
 from headroom_dev.sim.fakeapi import FakeApiServer
 from headroom_dev.sim.loop import VirtualClock, run_virtual
 
@@ -123,6 +130,38 @@ def test_an_ungate_made_from_a_stale_view_is_made_again_not_taken_for_a_refusal(
         assert pod is not None
         assert "schedulingGates" not in pod["spec"]
         assert pod["metadata"]["annotations"]["headroom.dev/reservation"] == "p"
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_a_reclaim_decided_while_an_admission_is_confirmed_keeps_the_memory_until_written() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        pod = bound_pod(server, "n1")
+        # Its reservation, made before the operator went down, is not decided yet.
+        body = pod_reservation(pod, pod_claim(pod), "n1")
+        server.create(resource_path("headroom.dev", "v1alpha1", "reservations", NS), body)
+        server.merge_patch(f"{PODS}/p/status", {"status": {"phase": "Succeeded"}})
+        controller = start(server)
+        held_when_reclaimed: list[bool] = []
+
+        def on_change(event_type: str, obj: JSON) -> None:
+            if (obj.get("status") or {}).get("phase") == "Reclaimed":
+                held_when_reclaimed.append(controller.state.ledger.get(f"{NS}/p") is not None)
+
+        server.subscribe(on_change)
+        await controller.start()  # admits it (the pod ended: nothing says where it runs)...
+        await deliver_reservations(server, controller)  # ...and reclaims it
+        [reservation] = server.reservations(NS)
+        assert (reservation["status"]["phase"], reservation["status"]["reason"]) == (
+            "Reclaimed",
+            "OwnerPodFinished",
+        )
+        assert held_when_reclaimed[:1] == [True]  # released only once the object says so
+        assert controller.state.ledger.get(f"{NS}/p") is None
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=600)

@@ -277,10 +277,18 @@ class Reconciler:
         )
 
     def confirmed(self, record: Record) -> None:
-        """The object carries its decision: announce it once (Event, metrics)."""
+        """The object carries its decision: announce it once (Event, metrics), then tell
+        the gates. In that order: a gate may decide again at once (a gated pod that
+        ended reclaims what was just admitted), and what is announced and released here
+        must be the decision the object carries, not the one still to be written."""
+        try:
+            self._announce(record)
+        finally:
+            self._on_decided(record)
+
+    def _announce(self, record: Record) -> None:
         now = self._clock.monotonic()
         record.confirmed_at = now
-        self._on_decided(record)
         if record.announced:
             return
         record.announced = True
