@@ -18,6 +18,10 @@ or delays the one that makes the race.
   moment its Admitted status was confirmed, and the confirmation then announced and
   released that reclaim as if it were written, so its memory went to another
   reservation while the API still showed this one Admitted.
+- A watch event that lags a newer list (seed 5886): the pod the webhook missed was
+  listed bound, its reservation made on its node, then the watch delivered its
+  older ADDED (not yet bound), and the admission, reading that, queued the claim
+  of a pod already running there behind its own memory request: for ever.
 """
 
 from __future__ import annotations
@@ -52,15 +56,18 @@ async def deliver_reservations(server: FakeApiServer, controller: Controller) ->
             controller.on_reservation("MODIFIED", reservation)
 
 
-def bound_pod(server: FakeApiServer, node: str) -> JSON:
+def bound_pod(server: FakeApiServer, node: str, ram: str = "512Mi", request: str = "") -> JSON:
     """A claiming pod the webhook missed (no gate), bound by the scheduler."""
+    container: JSON = {"name": "main", "image": "sim"}
+    if request:
+        container["resources"] = {"requests": {"memory": request}}
     body = {
         "metadata": {
             "name": "p",
             "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
-            "annotations": {RAM_ANNOTATION: "512Mi"},
+            "annotations": {RAM_ANNOTATION: ram},
         },
-        "spec": {"containers": [{"name": "main", "image": "sim"}]},
+        "spec": {"containers": [container]},
     }
     pod = server.create(PODS, body)
     binding = {"metadata": {"name": "p", "uid": pod["metadata"]["uid"]}, "target": {"name": node}}
@@ -162,6 +169,27 @@ def test_a_reclaim_decided_while_an_admission_is_confirmed_keeps_the_memory_unti
         )
         assert held_when_reclaimed[:1] == [True]  # released only once the object says so
         assert controller.state.ledger.get(f"{NS}/p") is None
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_a_watch_event_older_than_the_list_does_not_unbind_a_running_pod() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=4096)  # a limit of 3072 MiB
+        pod = bound_pod(server, "n1", ram="2048Mi", request="2048Mi")
+        unbound = dict(pod, spec={k: v for k, v in pod["spec"].items() if k != "nodeName"})
+        controller = start(server)
+        await controller.start()  # lists it bound: its reservation is made on n1
+        await asyncio.sleep(1)
+        controller.gates.on_pod("ADDED", unbound)  # the watch, late, shows it as created
+        await deliver_reservations(server, controller)
+        [reservation] = server.reservations(NS)
+        # It runs there: recorded, over the limit if it must be, never queued behind
+        # its own memory request.
+        assert reservation["status"]["phase"] == "Admitted"
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=600)

@@ -97,6 +97,10 @@ class ClaimPod:
     retries: int = 0
     refused: str = ""  # the uid of its last reservation seen finally refused
     seen_at: float = 0.0  # monotonic: when a watch (or the list asked then) showed it
+    # Facts that never go back for one incarnation, kept once seen: a watch event that
+    # lags a newer list may show the pod as it was (unbound, running) a moment later.
+    node: str | None = None  # the node it was bound to
+    ended: bool = False  # Succeeded or Failed
 
 
 class Gates:
@@ -154,6 +158,8 @@ class Gates:
             seen = self._pods[key] = ClaimPod(obj, uid)
         seen.obj = obj
         seen.seen_at = self._clock.monotonic() if listed_at is None else listed_at
+        seen.node = seen.node or bound_node(obj)
+        seen.ended = seen.ended or is_finished(obj)
         if is_gated(obj) and seen.gated_at is None:
             seen.gated_at = self._clock.monotonic()
         self.poke(key)
@@ -216,11 +222,12 @@ class Gates:
                 self.poke(key)
 
     def bound_to(self, namespace: str, pod: str) -> str | None:
-        """The node a claiming pod runs on without our gate having placed it, if any."""
+        """The node a claiming pod runs on, if any (a bound pod has no gate); what the
+        admission of its reservation reads, so from the facts kept, not the last event."""
         seen = self._pods.get((namespace, pod))
-        if seen is None or is_gated(seen.obj) or is_finished(seen.obj):
+        if seen is None or seen.ended or is_finished(seen.obj):
             return None
-        return bound_node(seen.obj)
+        return seen.node
 
     def start(self) -> None:
         self.started = True
