@@ -18,6 +18,10 @@ or delays the one that makes the race.
   moment its Admitted status was confirmed, and the confirmation then announced and
   released that reclaim as if it were written, so its memory went to another
   reservation while the API still showed this one Admitted.
+- A late owner-watch event of the old incarnation (seed 4093): the old pod's
+  MODIFIED came after the new pod's reservation was decided, and was taken for the
+  new pod being replaced: the new pod's reservation reclaimed, the pod running
+  holding nothing. The pod is read before a reservation goes.
 - A watch event that lags a newer list (seed 5886): the pod the webhook missed was
   listed bound, its reservation made on its node, then the watch delivered its
   older ADDED (not yet bound), and the admission, reading that, queued the claim
@@ -101,6 +105,35 @@ def test_the_new_pods_reservation_is_its_own_though_the_old_pods_deletion_was_mi
         owner = second["metadata"]["ownerReferences"][0]["uid"]
         assert owner == new["metadata"]["uid"]
         assert (second["status"]["phase"], second["status"]["reason"]) == ("Admitted", "Fits")
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_a_late_event_of_the_old_pod_does_not_release_the_new_pods_reservation() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        old = bound_pod(server, "n1")
+        controller = start(server)
+        await controller.start()
+        await deliver_reservations(server, controller)
+        [first] = server.reservations(NS)
+        server.delete(f"{PODS}/p")
+        new = bound_pod(server, "n1")
+        controller.gates.on_pod("DELETED", old)
+        controller.owners.on_pod("DELETED", old)
+        controller.gates.on_pod("ADDED", new)
+        await asyncio.sleep(1)
+        controller.on_reservation("DELETED", first)
+        controller.owners.on_pod("ADDED", new)
+        await deliver_reservations(server, controller)
+        controller.owners.on_pod("MODIFIED", old)  # late, from a watch behind a list
+        await deliver_reservations(server, controller)
+        [second] = server.reservations(NS)
+        assert second["metadata"]["ownerReferences"][0]["uid"] == new["metadata"]["uid"]
+        assert second["status"]["phase"] == "Admitted"
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=600)
