@@ -22,6 +22,10 @@ or delays the one that makes the race.
   MODIFIED came after the new pod's reservation was decided, and was taken for the
   new pod being replaced: the new pod's reservation reclaimed, the pod running
   holding nothing. The pod is read before a reservation goes.
+- A pod that ended before its reservation was decided, on a node then unknown
+  (seed 4531): the reservation was queued (NodeUnknown, 24 h) and stayed so, for a
+  pod that had ended; had the node come back it would have been admitted. A pod
+  that ended has its waiting reservation deleted.
 - A watch event that lags a newer list (seed 5886): the pod the webhook missed was
   listed bound, its reservation made on its node, then the watch delivered its
   older ADDED (not yet bound), and the admission, reading that, queued the claim
@@ -223,6 +227,32 @@ def test_a_watch_event_older_than_the_list_does_not_unbind_a_running_pod() -> No
         # It runs there: recorded, over the limit if it must be, never queued behind
         # its own memory request.
         assert reservation["status"]["phase"] == "Admitted"
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_the_waiting_reservation_of_a_pod_that_ended_is_deleted() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        pod = bound_pod(server, "n9")  # its node is gone (or not known yet)
+        body = pod_reservation(pod, pod_claim(pod), "n9")  # made before the operator went down
+        server.create(resource_path("headroom.dev", "v1alpha1", "reservations", NS), body)
+        server.merge_patch(f"{PODS}/p/status", {"status": {"phase": "Failed"}})
+        queued: list[str] = []
+        server.subscribe(
+            lambda event_type, obj: (
+                queued.append(obj["metadata"]["name"])
+                if (obj.get("status") or {}).get("phase") == "Queued"
+                else None
+            )
+        )
+        controller = start(server)
+        await controller.start()  # decided: it waits for node n9...
+        await deliver_reservations(server, controller)
+        assert set(queued) == {"p"}
+        assert server.reservations(NS) == []  # ...for a pod that has ended: deleted
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=600)

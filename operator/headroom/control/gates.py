@@ -25,7 +25,8 @@ confirmed, the resync):
 - not gated but bound (the webhook missed it, or the label came later): its claim
   is recorded on the node it runs on, over the limit if it must be
   (``OverCommitted``), never pretended away;
-- Succeeded or Failed: its reservation is reclaimed at once (``OwnerPodFinished``).
+- Succeeded or Failed: its reservation is reclaimed at once (``OwnerPodFinished``),
+  or, if it still waits in a queue (decided after the pod ended), deleted.
   A deleted pod's reservation goes with the pod's owner label (``headroom.control
   .owners``) and with the garbage collector (its ownerReference); no finalizer is
   ever involved, so nothing waits for the operator.
@@ -257,6 +258,8 @@ class Gates:
             if record is not None and record.held:
                 phase = (pod.get("status") or {}).get("phase")
                 self._reclaim(record, Reason.OWNER_POD_FINISHED, f"pod {key[1]} {phase}")
+            elif record is not None and record.confirmed and record.decision.phase == Phase.QUEUED:
+                self._run(key, self._replace(key, record.uid))  # waits for nobody: deleted
             return
         try:
             claim = pod_claim(pod)
