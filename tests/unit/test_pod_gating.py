@@ -28,6 +28,7 @@ from headroom.objects.pods import (
     ungate_patch,
 )
 from headroom_dev.sim.fakeapi.jsonvalue import PatchError, apply_json_patch
+from headroom_dev.sim.fakeapi.podrules import REQUIRED, update_errors
 
 T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 
@@ -299,3 +300,18 @@ def test_our_condition_is_set_without_touching_the_kubelets() -> None:
     bare = {"metadata": {"uid": "u1"}, "status": {}}
     first = apply_json_patch(deepcopy(bare), condition_patch(bare, "False", "Waiting", "", "t0"))
     assert [c["type"] for c in first["status"]["conditions"]] == ["headroom.dev/Admitted"]
+
+
+def test_an_empty_term_is_left_empty_as_the_api_server_requires() -> None:
+    """A gated pod's empty term may not gain requirements (the simulation found the
+    operator adding the pin to it, refused forever); it matches no node anyway."""
+    before = pod(**GATED, affinity=required({}, expr("pool", "In", "gpu")))
+    operations = ungate_patch(before, "gpu-1", "p")
+    assert operations is not None
+    after = apply_json_patch(before, operations)
+    terms = after["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
+    assert terms[0] == {}
+    assert pinned_node(after) == "gpu-1"
+    assert may_run_on(after, GPU)
+    assert not may_run_on(after, NodeFacts("gpu-9", {"pool": "gpu", "gpus": "1"}))
+    assert not update_errors(before, after)  # what the API server allows a gated pod

@@ -136,7 +136,10 @@ def test_generation_counts_spec_changes_only() -> None:
         assert labelled["metadata"]["generation"] == 1
         status = await api.merge_patch(f"{pods}/p/status", {"status": {"phase": "Running"}})
         assert status["metadata"]["generation"] == 1
-        respec = await api.merge_patch(f"{pods}/p", {"spec": {"nodeName": "n1"}})
+        # (spec.nodeName cannot be patched: a pod's spec changes only where the API
+        # server allows it, as podrules has it; a container image may change)
+        image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "sim:2"}]
+        respec = await api.json_patch(f"{pods}/p", image)
         assert respec["metadata"]["generation"] == 2
         rsv = await api.create(RSV, body("a"))
         decided = await api.merge_patch(f"{RSV}/a/status", {"status": {"phase": "Admitted"}})

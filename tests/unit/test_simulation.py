@@ -11,7 +11,8 @@ tenants, and checks the operator's promises at every change and at the end
 ``HEADROOM_SIM_SCHEDULES`` sets how many (default 2,000, about a minute on two
 cores); ``HEADROOM_SIM_BASE`` the first seed (default 0), to explore new ones.
 Every behaviour checked here also has a test on the real control plane
-(tests/integration/test_reconcile.py, tests/e2e/test_liveness.py, test_chaos.py).
+(tests/integration/test_reconcile.py, test_pod_gates.py, tests/e2e/test_liveness.py,
+test_chaos.py, test_pod_gates_scheduled.py).
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ def test_seeded_schedules_keep_every_promise() -> None:
         "Reclaimed/OwnerPodDeleted",
         "Rejected/InsufficientRAM",
         "Admitted/Fits",
+        # gated pods (headroom_dev.sim.pods): held, let go, run, ended, deleted, missed
+        "pod-gated",
+        "pod-ungated",
+        "pod-bound",
+        "pod-finished",
+        "pod-delete-gated",
+        "Reclaimed/OwnerPodFinished",
+        "Admitted/OverCommitted",
+        "gc-delete",
     ):
         assert totals[what] > 0 or len(seeds) < 100, f"no schedule had {what}"
 

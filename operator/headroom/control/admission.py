@@ -33,6 +33,7 @@ from headroom.control.writer import StatusWriter
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON
 from headroom.ledger import Entry
+from headroom.objects.pods import owning_pod_uid
 from headroom.objects.reservations import (
     decision_essentials,
     heartbeat_value,
@@ -285,6 +286,9 @@ class Admission:
             beat = None
         beats: dict[str, str | None] = {RESERVATION: beat}
         seen = self._state.pods.get((pending.namespace, pod)) if pod is not None else None
+        owner_uid = owning_pod_uid(pending.obj)  # a gated pod's: exactly its incarnation
+        if seen is not None and owner_uid is not None and seen.uid != owner_uid:
+            seen = None  # an earlier pod of that name, not yet known gone: not its owner
         if pod is not None:
             beats[POD] = seen.beat if seen is not None else None
         now = self._clock.monotonic()
@@ -295,7 +299,7 @@ class Admission:
             node=entry.node if entry is not None else "",
             decision=decision,
             pod=pod if phase in (Phase.ADMITTED, Phase.QUEUED) else None,
-            pod_uid=seen.uid if seen is not None else None,
+            pod_uid=owner_uid or (seen.uid if seen is not None else None),
             beats=beats,
             changed_at=now,
             seen_at=now,

@@ -16,14 +16,17 @@ confirmed, the resync):
   lets a pod run: a crash before the write must not leave a pod running on a
   decision nobody recorded. A patch refused (another admission plugin, foreign
   constraints) reclaims the reservation (``UngateRefused``): nothing stays
-  Admitted while its pod stays gated;
+  Admitted while its pod stays gated. One that failed only because it was made
+  from a stale view of the pod (another controller lifted its own gate
+  meanwhile) is made again from the pod as it is, not taken for a refusal;
 - gated, its reservation finally refused (its wait ran out): shown on the pod; a
   pod that set no wait of its own gets a new reservation, so it waits as long as
   it is gated;
 - not gated but bound (the webhook missed it, or the label came later): its claim
   is recorded on the node it runs on, over the limit if it must be
   (``OverCommitted``), never pretended away;
-- Succeeded or Failed: its reservation is reclaimed at once (``OwnerPodFinished``).
+- Succeeded or Failed: its reservation is reclaimed at once (``OwnerPodFinished``),
+  or, if it still waits in a queue (decided after the pod ended), deleted.
   A deleted pod's reservation goes with the pod's owner label (``headroom.control
   .owners``) and with the garbage collector (its ownerReference); no finalizer is
   ever involved, so nothing waits for the operator.
@@ -95,6 +98,10 @@ class ClaimPod:
     retries: int = 0
     refused: str = ""  # the uid of its last reservation seen finally refused
     seen_at: float = 0.0  # monotonic: when a watch (or the list asked then) showed it
+    # Facts that never go back for one incarnation, kept once seen: a watch event that
+    # lags a newer list may show the pod as it was (unbound, running) a moment later.
+    node: str | None = None  # the node it was bound to
+    ended: bool = False  # Succeeded or Failed
 
 
 class Gates:
@@ -152,6 +159,8 @@ class Gates:
             seen = self._pods[key] = ClaimPod(obj, uid)
         seen.obj = obj
         seen.seen_at = self._clock.monotonic() if listed_at is None else listed_at
+        seen.node = seen.node or bound_node(obj)
+        seen.ended = seen.ended or is_finished(obj)
         if is_gated(obj) and seen.gated_at is None:
             seen.gated_at = self._clock.monotonic()
         self.poke(key)
@@ -214,11 +223,12 @@ class Gates:
                 self.poke(key)
 
     def bound_to(self, namespace: str, pod: str) -> str | None:
-        """The node a claiming pod runs on without our gate having placed it, if any."""
+        """The node a claiming pod runs on, if any (a bound pod has no gate); what the
+        admission of its reservation reads, so from the facts kept, not the last event."""
         seen = self._pods.get((namespace, pod))
-        if seen is None or is_gated(seen.obj) or is_finished(seen.obj):
+        if seen is None or seen.ended or is_finished(seen.obj):
             return None
-        return bound_node(seen.obj)
+        return seen.node
 
     def start(self) -> None:
         self.started = True
@@ -248,6 +258,8 @@ class Gates:
             if record is not None and record.held:
                 phase = (pod.get("status") or {}).get("phase")
                 self._reclaim(record, Reason.OWNER_POD_FINISHED, f"pod {key[1]} {phase}")
+            elif record is not None and record.confirmed and record.decision.phase == Phase.QUEUED:
+                self._run(key, self._replace(key, record.uid))  # waits for nobody: deleted
             return
         try:
             claim = pod_claim(pod)
@@ -419,6 +431,11 @@ class Gates:
             current = await self._fresh(key)
             same = current is not None and (current.get("metadata") or {}).get("uid") == seen.uid
             if same and current is not None and is_gated(current) and error.status != 409:
+                if ungate_patch(current, record.node, record.name) != operations:
+                    # Sent from a stale view (another controller moved the gates, say):
+                    # not a refusal. Again, from the pod as it is now.
+                    self._stirred.add(key)
+                    return
                 self._telemetry.ungate_failed(error.reason or str(error.status))
                 why = f"pod {key[1]} could not be pinned to {record.node} and ungated: "
                 self._reclaim(record, Reason.UNGATE_REFUSED, why + error.message)

@@ -13,6 +13,9 @@ alone; the API server is asked (the pod is read) before a reservation is release
 
 An owner is one pod *incarnation*: a pod deleted and created again under the same
 name (a StatefulSet's) is a new owner, and the old one's reservations are released.
+A uid other than the owner's is the third thing that is not what it seems: a new
+incarnation, or a late event of an earlier one (a watch lagging a list); the pod
+is read before anything is released.
 """
 
 from __future__ import annotations
@@ -70,11 +73,16 @@ class Owners:
             if key in state.owned:
                 self.check_gone(key)  # deleted, or only unlabelled? ask
             return
+        other = False
         for record in state.owners_of(key):
             if record.pod_uid is None:
                 record.pod_uid = uid  # first seen after a start
-            elif record.pod_uid != uid:  # deleted and created again under the same name
-                self._reclaim(record, Reason.OWNER_POD_DELETED, f"owner pod {key[1]} was replaced")
+            elif record.pod_uid != uid:
+                other = True
+        if other:
+            # Deleted and created again under the same name, or only a late event of an
+            # earlier pod of that name: the pod is read, and only that one's owners go.
+            self.check_gone(key)
         try:
             value = heartbeat_value(obj)
         except ValueError as error:

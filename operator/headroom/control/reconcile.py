@@ -33,6 +33,7 @@ from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON
 from headroom.ledger import Entry
+from headroom.objects.pods import owning_pod_uid
 from headroom.objects.reservations import heartbeat_value, optional_time, reservation_entry
 from headroom.objects.stamp import Verdict
 from headroom.objects.status import Decision, decision_of, reservation_ref
@@ -190,8 +191,11 @@ class Reconciler:
         record.node, record.pod = entry.node, entry.owner.pod
         if record.pod:
             seen = self._state.pods.get((record.namespace, record.pod))
+            owner_uid = owning_pod_uid(obj)  # a gated pod's: exactly its incarnation
+            if seen is not None and owner_uid is not None and seen.uid != owner_uid:
+                seen = None  # an earlier pod of that name, not yet known gone
             record.beats[POD] = seen.beat if seen else None
-            record.pod_uid = seen.uid if seen else None
+            record.pod_uid = owner_uid or (seen.uid if seen else None)
         if self._restoring is not None:
             self._restoring.append((entry, record))
         else:
@@ -273,10 +277,18 @@ class Reconciler:
         )
 
     def confirmed(self, record: Record) -> None:
-        """The object carries its decision: announce it once (Event, metrics)."""
+        """The object carries its decision: announce it once (Event, metrics), then tell
+        the gates. In that order: a gate may decide again at once (a gated pod that
+        ended reclaims what was just admitted), and what is announced and released here
+        must be the decision the object carries, not the one still to be written."""
+        try:
+            self._announce(record)
+        finally:
+            self._on_decided(record)
+
+    def _announce(self, record: Record) -> None:
         now = self._clock.monotonic()
         record.confirmed_at = now
-        self._on_decided(record)
         if record.announced:
             return
         record.announced = True

@@ -10,8 +10,9 @@ constraints (preferred affinity, spreading) are left to the scheduler inside
 the one node we pin.
 
 The pin is a required ``matchFields metadata.name In [node]``, added to every
-existing term (terms are ORed, and a gated pod's terms accept added requirements
-only) or as a new required affinity; one JSON patch adds it, records the
+existing term that matches anything (terms are ORed, and a gated pod's terms
+accept added requirements only; an empty term matches nothing and must stay
+empty) or as a new required affinity; one JSON patch adds it, records the
 reservation's name and removes our gate, guarded by ``test`` operations on the
 pod's uid and on the gate, so it never lands on another incarnation or after
 someone else moved the gates.
@@ -255,7 +256,16 @@ def _pin(spec: JSON, node: str) -> list[JSON]:
     if terms:
         base = f"/spec/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms"
         ops: list[JSON] = []
+        # An empty term matches no node, and the API server refuses requirements added
+        # to one while the pod is gated: it is left empty, unless every term is (such a
+        # pod runs nowhere; the refusal says so rather than ungating it unpinned).
+        empty = [
+            not (t or {}).get("matchExpressions") and not (t or {}).get("matchFields")
+            for t in terms
+        ]
         for index, existing in enumerate(terms):
+            if empty[index] and not all(empty):
+                continue
             if (existing or {}).get("matchFields"):
                 ops.append(_add(f"{base}/{index}/matchFields/-", requirement))
             else:

@@ -118,6 +118,7 @@ def optional_time(value: object) -> datetime | None:
 
 def decision_essentials(obj: JSON) -> JSON:
     """What a decision reads from a Reservation; the rest (managedFields…) is not kept.
+    (The ownerReferences name a gated pod's reservation's owner: its incarnation.)
 
     Undecided reservations wait in the admission queue as these: a backlog of
     30,000 full objects once grew the operator past 1 GB.
@@ -125,7 +126,14 @@ def decision_essentials(obj: JSON) -> JSON:
     metadata = obj.get("metadata") or {}
     kept = {
         key: metadata[key]
-        for key in ("uid", "namespace", "name", "creationTimestamp", "generation")
+        for key in (
+            "uid",
+            "namespace",
+            "name",
+            "creationTimestamp",
+            "generation",
+            "ownerReferences",
+        )
         if key in metadata
     }
     beat = (metadata.get("annotations") or {}).get(HEARTBEAT_ANNOTATION)

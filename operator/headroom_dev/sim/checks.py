@@ -3,16 +3,20 @@
 At every change the fake API server applies (``FakeApiServer.subscribe``):
 
 - **never over a node's limit**: when a reservation becomes Admitted by a new
-  decision, the Admitted RAM on its node is within the node's limit. The limit
-  is the largest the node had in the last ``SHRINK_GRACE`` seconds: a decision
-  taken before the operator could know of a shrink is not an overcommit of the
+  decision, the Admitted RAM on its node (gated pods' reservations included) is
+  within the node's limit; only a pod the scheduler already placed there may be
+  recorded over it (``OverCommitted``), and a decision taken before such a record
+  is not pushed over by it when its status lands after it. The limit is the
+  largest the node had in the last ``SHRINK_GRACE`` seconds: a decision taken
+  before the operator could know of a shrink is not an overcommit of the
   operator's making (the ledger's own arithmetic is proven by property tests);
 - **decided once**: a reservation carries one Admitted or Rejected decision
   (its decisionID) in its life, and Admitted may only become Reclaimed;
 - **never drop the living**: a reservation reclaimed as stale at time t had no
   heartbeat written (on itself or its owner pod) after t − window, was admitted
   at least a window before t, and the operator that reclaimed it had been
-  running for a window; one reclaimed as OwnerPodDeleted has no owner pod;
+  running for a window; one reclaimed as OwnerPodDeleted has no owner pod (a
+  gated pod's: no pod of that incarnation, as its ownerReference names it);
 - **one decider**: with leader election, a new decision comes from the replica
   that holds the Lease at that moment (decision ids carry the run id);
 - **every write is the truth when it is sent**: a status that lands says what
@@ -25,8 +29,9 @@ At every change the fake API server applies (``FakeApiServer.subscribe``):
   was created until the refusal landed.
 
 After the schedule quiesces (:meth:`Checker.final`): every reservation is
-decided, its status is the live operator's truth, and the operator remembers
-nothing that is gone.
+decided (a gated pod's may still be Queued: it waits as long as its pod), its
+status is the live operator's truth, and the operator remembers nothing that is
+gone. Gated pods have checks of their own: :mod:`headroom_dev.sim.podchecks`.
 """
 
 from __future__ import annotations
@@ -45,6 +50,24 @@ from headroom.objects.nodes import node_capacity
 JSON = dict[str, Any]
 SHRINK_GRACE = 90.0  # seconds: a lost Node event is caught by the resync (30 s) and a relist
 LANDING_SLACK = 0.5  # seconds: the fake network's latency is at most 0.05 s each way
+
+
+def _owner_pod_uid(reservation: JSON) -> str | None:
+    for ref in reservation["metadata"].get("ownerReferences") or []:
+        if ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
+            return str(ref.get("uid"))
+    return None
+
+
+def _decided_after(over: str | None, decision: str) -> bool:
+    """Whether the over-commitment ``over`` was decided after ``decision`` by the same
+    run (decision ids count up per run): then the ledger decided ``decision`` without
+    it, and a status that lands late is not pushed over the limit by it."""
+    if over is None:
+        return False
+    run, _, number = over.rpartition("-")
+    mine, _, own = decision.rpartition("-")
+    return run == mine and number.isdigit() and own.isdigit() and int(number) > int(own)
 
 
 @dataclass
@@ -78,6 +101,8 @@ class Checker:
     _admitted: dict[str, tuple[str, int]] = field(default_factory=dict)  # uid -> (node, MiB)
     _beats: dict[tuple[str, str, str], float] = field(default_factory=dict)  # last beat
     _pods: set[tuple[str, str]] = field(default_factory=set)
+    _pod_uids: set[str] = field(default_factory=set)
+    _over: dict[str, str] = field(default_factory=dict)  # uid -> decisionID, OverCommitted
     _created: dict[str, float] = field(default_factory=dict)  # uid -> when it appeared
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     _last_value: dict[tuple[str, str, str], str] = field(default_factory=dict)
@@ -99,8 +124,10 @@ class Checker:
             key = (meta.get("namespace", ""), meta.get("name", ""))
             if event_type == "DELETED":
                 self._pods.discard(key)
+                self._pod_uids.discard(meta.get("uid", ""))
             else:
                 self._pods.add(key)
+                self._pod_uids.add(meta.get("uid", ""))
                 self._beat("Pod", key, obj)
         elif kind == "Reservation":
             self._on_reservation(event_type, obj)
@@ -128,6 +155,11 @@ class Checker:
             recent.append(history[-1][1])  # in force now, whenever it was set
         known = [limit for limit in recent if limit is not None]
         return max(known) if known else None
+
+    def limit_now(self, node: str) -> int | None:
+        """The node's limit as it stands now (None: unknown, or no such node now)."""
+        history = self._limits.get(node) or []
+        return history[-1][1] if history else None
 
     def _beat(self, kind: str, key: tuple[str, str], obj: JSON) -> None:
         value = ((obj.get("metadata") or {}).get("annotations") or {}).get(HEARTBEAT_ANNOTATION)
@@ -177,8 +209,16 @@ class Checker:
         node, ram = obj["spec"]["node"], int(obj["spec"]["ramMB"])
         self._admitted[uid] = (node, ram)
         self._admitted_at[uid] = self.now()
+        decision = str((obj.get("status") or {}).get("decisionID"))
+        if (obj.get("status") or {}).get("reason") == "OverCommitted":
+            self._over[uid] = decision
+            return  # a pod already running there, recorded as it is (podchecks checks that)
         limit = self._limit(node)
-        total = sum(mb for n, mb in self._admitted.values() if n == node)
+        total = sum(
+            mb
+            for other, (n, mb) in self._admitted.items()
+            if n == node and not _decided_after(self._over.get(other), decision)
+        )
         if limit is None:
             self.fail(f"{key}: admitted on node {node}, whose capacity was never known")
         elif total > limit:
@@ -242,7 +282,8 @@ class Checker:
                 self.fail(f"{key}: reclaimed as stale {now - started:.2f}s after a start")
         elif reason == "OwnerPodDeleted":
             pod = ((obj.get("spec") or {}).get("owner") or {}).get("pod")
-            if (key[0], pod) in self._pods:
+            owner = _owner_pod_uid(obj)  # a gated pod's: that incarnation, not its name
+            if (owner in self._pod_uids) if owner is not None else (key[0], pod) in self._pods:
                 self.fail(f"{key}: reclaimed OwnerPodDeleted, but pod {pod} exists")
 
     def _one_decider(self, key: tuple[str, str], decision: str) -> None:
@@ -256,13 +297,21 @@ class Checker:
 
     # -- after quiescence ------------------------------------------------------------------
 
-    def final(self, reservations: list[JSON], controller: Controller | None) -> None:
+    def final(
+        self,
+        reservations: list[JSON],
+        controller: Controller | None,
+        may_wait: Callable[[JSON], bool] = lambda obj: False,
+    ) -> None:
+        """``may_wait``: a reservation that may still be Queued (a gated pod's, which
+        waits as long as its pod does; ``podchecks`` checks it is not stuck)."""
         present = set()
         for obj in reservations:
             meta, status = obj["metadata"], obj.get("status") or {}
             uid, key = meta["uid"], (meta["namespace"], meta["name"])
             present.add(uid)
-            if status.get("phase") not in ("Admitted", "Rejected", "Reclaimed"):
+            waits = status.get("phase") == "Queued" and may_wait(obj)
+            if status.get("phase") not in ("Admitted", "Rejected", "Reclaimed") and not waits:
                 self.fail(f"{key}: never decided: {status}")
                 continue
             if controller is None:

@@ -4,13 +4,14 @@ One schedule, from one seed: a fake API server on a virtual-time loop, one or
 two operator processes (``headroom.control.Controller`` exactly as production
 runs it, with leader election in some schedules), nodes, tenants who create,
 heartbeat (through their reservation or an owner pod) and delete reservations,
-and an adversary who resizes and deletes nodes, deletes and unlabels owner
-pods, crashes and restarts the operator, pauses the leader past its Lease,
-cuts the network for a while, breaks watches and compacts history — on top of
-a network that throttles, fails, loses answers and drops, duplicates and
-delays watch events. Then everything calms down, every owner goes silent, and
-the schedule runs until it quiesces. :mod:`headroom_dev.sim.checks` says what
-is checked.
+in some schedules gated pods and the cluster around them
+(:mod:`headroom_dev.sim.pods`), and an adversary who resizes and deletes nodes,
+deletes and unlabels owner pods, crashes and restarts the operator, pauses the
+leader past its Lease, cuts the network for a while, breaks watches and compacts
+history — on top of a network that throttles, fails, loses answers and drops,
+duplicates and delays watch events. Then everything calms down, every owner goes silent, and
+the schedule runs until it quiesces. :mod:`headroom_dev.sim.checks` and
+:mod:`headroom_dev.sim.podchecks` say what is checked.
 
 Replay one schedule, with the operator's log::
 
@@ -41,11 +42,14 @@ from headroom_dev.sim.checks import Checker, Replica
 from headroom_dev.sim.fakeapi import FakeApiServer, FaultPlan
 from headroom_dev.sim.fakeapi.client import FakeClient
 from headroom_dev.sim.loop import VirtualClock, run_virtual
+from headroom_dev.sim.podchecks import PodChecker
+from headroom_dev.sim.pods import PodWorld
 
 NAMESPACE = "sim"
 LEASE = ("kube-system", "headroom")
 WINDOW = 20.0
 QUIESCE = 90.0  # virtual seconds of calm at the end: a window, a resync, and slack
+POD_SHARE = 0.5  # of schedules that have gated pods (headroom_dev.sim.pods)
 
 
 @dataclass
@@ -66,6 +70,7 @@ def _config(leader: bool, strict: bool) -> OperatorConfig:
         {
             "queueing": {"strategy": "StrictFIFO" if strict else "BestEffortFIFO"},
             "limits": {"heartbeatStaleWindow": f"{WINDOW:g}s", "maxEntriesPerNode": 6},
+            "podRequests": "subtract",  # what bound pods requested is not the ledger's
             "sweepPeriod": "1s",
             "summaryInterval": "500ms",
             "resyncPeriod": "30s",
@@ -176,6 +181,11 @@ class _Schedule:
             ),
         )
         self.server.subscribe(self.checker.on_change)
+        self.pods: PodWorld | None = None
+        self.pod_checker = PodChecker(self.checker)
+        if self.rng.random() < POD_SHARE:
+            self.pods = PodWorld(self, NAMESPACE, seed=self.rng.random())
+            self.server.subscribe(self.pod_checker.on_change)
         self.processes: list[Process] = []
         self.numbers = 0
         self.nodes: dict[str, int] = {}
@@ -241,6 +251,7 @@ class _Schedule:
             (1, self.outage),
             (0.5, self.break_watches),
             (0.3, self.compact),
+            *(self.pods.actions() if self.pods is not None else []),
         ]
         weights = [w for w, _ in actions]
         for _ in range(self.rng.randint(10, 35)):
@@ -249,7 +260,10 @@ class _Schedule:
         await self.calm()
         living = next((p for p in reversed(self.processes) if p.alive), None)
         controller = living.controller if living is not None and living.replica.controller else None
-        self.checker.final(self.server.reservations(), controller)
+        reservations = self.server.reservations()
+        self.checker.final(reservations, controller, may_wait=self.pod_checker.may_wait)
+        if self.pods is not None:
+            self.pod_checker.final(self.server.pods(), reservations, self.server.nodes())
         self.ending = True
         for process in self.processes:
             process.crash("end of schedule")
@@ -356,7 +370,10 @@ class _Schedule:
     def put_node(self, name: str) -> None:
         memory = self.rng.choice([2048, 3072, 4096, 8192])
         self.nodes[name] = memory
-        self.server.put_node(name, memory=memory)
+        labels = self.pods.node_labels(name) if self.pods is not None else None
+        self.server.put_node(name, memory=memory, labels=labels)
+        if self.pods is not None:
+            self.pods.node_put(name)
 
     def resize_node(self) -> None:
         if self.nodes:

@@ -15,7 +15,9 @@ tests and the exploration behind them, not assumed:
 - Pods count generation too; deleting one (unscheduled, so no grace period) is
   two revisions, a MODIFIED that sets ``deletionTimestamp`` and bumps the
   generation, then the DELETED, and the answer is the object itself;
-- core list items carry no ``kind``/``apiVersion``.
+- core list items carry no ``kind``/``apiVersion``;
+- ``pods/binding`` only accepts a create (405 otherwise); what it and other pod
+  writes may do is in :mod:`headroom_dev.sim.fakeapi.podrules`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Kind:
     kind: str
     namespaced: bool
     status_subresource: bool = False
+    binding_subresource: bool = False  # pods/binding: create only (kube-scheduler's bind)
     custom: bool = False
     generation: bool = False
     status_on_create: Literal["drop", "keep", "pending", "active"] = "keep"
@@ -71,6 +74,7 @@ PODS = Kind(
     generation=True,
     status_on_create="pending",
     graceful_deletion=True,
+    binding_subresource=True,
 )
 NAMESPACES = Kind("", "v1", "namespaces", "Namespace", namespaced=False, status_on_create="active")
 SECRETS = Kind("", "v1", "secrets", "Secret", namespaced=True)
@@ -174,7 +178,10 @@ def _parse(path: str) -> Target:
         raise not_found_path(path)
     name = unquote(rest[1]) if len(rest) >= 2 else None
     subresource = rest[2] if len(rest) == 3 else None
-    if subresource is not None and (subresource != "status" or not kind.status_subresource):
+    allowed = (subresource == "status" and kind.status_subresource) or (
+        subresource == "binding" and kind.binding_subresource
+    )
+    if subresource is not None and not allowed:
         raise not_found_path(path)
     if name is not None and kind.namespaced and namespace is None:
         raise not_found_path(path)

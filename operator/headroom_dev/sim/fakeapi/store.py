@@ -25,6 +25,7 @@ from headroom.kube.transport import ApiError
 from headroom_dev.sim.fakeapi.events import EventLog
 from headroom_dev.sim.fakeapi.jsonvalue import PatchError, apply_json_patch, clone, merge_patch
 from headroom_dev.sim.fakeapi.kinds import KINDS, NAMESPACES, Kind, Target
+from headroom_dev.sim.fakeapi.podrules import BOUND, binding_errors, bound
 from headroom_dev.sim.fakeapi.schema import invalid
 from headroom_dev.sim.fakeapi.selectors import parse_selector
 from headroom_dev.sim.fakeapi.strategy import (
@@ -32,6 +33,7 @@ from headroom_dev.sim.fakeapi.strategy import (
     check_name,
     check_new,
     create_body,
+    deleted_status,
     initial_status,
     method_not_allowed,
     name_mismatch,
@@ -114,6 +116,8 @@ class Store:
 
     def get(self, target: Target) -> JSON:
         """The stored object (do not mutate it); 404 if absent."""
+        if target.subresource == "binding":
+            raise method_not_allowed()
         obj = self._objects[target.kind].get(target.key)
         if obj is None:
             raise not_found(target.kind, target.name or "")
@@ -219,6 +223,8 @@ class Store:
     def create(self, target: Target, body: Any) -> JSON:
         """POST: the stored object (do not mutate it)."""
         kind = target.kind
+        if target.subresource == "binding":
+            return self._bind(target, body)
         if target.name is not None:
             raise method_not_allowed()
         obj = create_body(kind, body)
@@ -240,10 +246,10 @@ class Store:
         metadata["name"] = name
         if namespace is not None:
             metadata["namespace"] = namespace
-        initial_status(kind, obj)
+        initial_status(kind, obj, self._stamp())
         check_new(kind, obj)
         metadata["uid"] = f"{self._uid_prefix}-0000-4000-8000-{next(self._uids):012x}"
-        metadata["creationTimestamp"] = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+        metadata["creationTimestamp"] = self._stamp()
         if kind.generation:
             metadata["generation"] = 1
         if not kind.stored:  # an Event: counted and summarized, not kept
@@ -255,6 +261,16 @@ class Store:
         self._sorted[kind] = None
         self._commit(kind, key, "ADDED", obj, None)
         return obj
+
+    def _stamp(self) -> str:
+        return self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def _bind(self, target: Target, body: Any) -> JSON:
+        """POST pods/NAME/binding, as kube-scheduler binds (the rules: podrules.bound)."""
+        binding_errors(target.name or "", body)
+        old = self.get(Target(target.kind, target.namespace, target.name))
+        self._commit(target.kind, target.key, "MODIFIED", bound(old, body, self._stamp()), old)
+        return BOUND
 
     def _namespace_of(self, target: Target, metadata: JSON) -> str | None:
         if not target.kind.namespaced:
@@ -327,7 +343,7 @@ class Store:
         return self._update(target, old, candidate, patched=True)
 
     def _existing(self, target: Target) -> JSON:
-        if target.name is None:
+        if target.name is None or target.subresource == "binding":
             raise method_not_allowed()
         return self.get(target)
 
@@ -356,8 +372,7 @@ class Store:
             # Marked for deletion first (a revision of its own), then gone: with no
             # kubelet to wait for, the grace period is 0.
             marked = dict(old)
-            marked["metadata"] = dict(old["metadata"])
-            marked["metadata"]["deletionTimestamp"] = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+            marked["metadata"] = dict(old["metadata"], deletionTimestamp=self._stamp())
             marked["metadata"]["deletionGracePeriodSeconds"] = 0
             marked["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             self._commit(kind, target.key, "MODIFIED", marked, old)
@@ -366,18 +381,7 @@ class Store:
         final["metadata"] = dict(old["metadata"])
         self._sorted[kind] = None
         self._commit(kind, target.key, "DELETED", final, old)
-        if kind.graceful_deletion:
-            return final
-        details: JSON = {"name": target.name, "kind": kind.plural, "uid": current_uid}
-        if kind.group:
-            details = {"name": target.name, "group": kind.group, **details}
-        return {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Success",
-            "details": details,
-        }
+        return final if kind.graceful_deletion else deleted_status(kind, target.name, current_uid)
 
     def _commit(
         self, kind: Kind, key: tuple[str, str], type_: str, obj: JSON, prev: JSON | None

@@ -15,7 +15,13 @@ from typing import Any
 
 from headroom.kube.transport import ApiError
 from headroom_dev.sim.fakeapi.jsonvalue import clone, json_equal
-from headroom_dev.sim.fakeapi.kinds import Kind, Target
+from headroom_dev.sim.fakeapi.kinds import PODS, Kind, Target
+from headroom_dev.sim.fakeapi.podrules import (
+    create_errors,
+    prepare_create,
+    prepare_update,
+    update_errors,
+)
 from headroom_dev.sim.fakeapi.schema import crd_schemas, invalid, prune_and_default, validate
 
 JSON = dict[str, Any]
@@ -58,6 +64,20 @@ def method_not_allowed() -> ApiError:
 
 def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
+
+
+def deleted_status(kind: Kind, name: str | None, uid: str) -> JSON:
+    """What a DELETE answers for a kind deleted at once (not a Pod: that is the object)."""
+    details: JSON = {"name": name, "kind": kind.plural, "uid": uid}
+    if kind.group:
+        details = {"name": name, "group": kind.group, **details}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": details,
+    }
 
 
 def name_mismatch(sent: object, name: str) -> ApiError:
@@ -112,12 +132,14 @@ def check_name(kind: Kind, name: str) -> None:
         )
 
 
-def initial_status(kind: Kind, obj: JSON) -> None:
+def initial_status(kind: Kind, obj: JSON, now: str) -> None:
     """What a create does with ``status`` (and a Namespace's spec and label)."""
     if kind.status_on_create == "drop":
         obj.pop("status", None)
     elif kind.status_on_create == "pending":
         obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+        if kind is PODS:
+            prepare_create(obj, now)
     elif kind.status_on_create == "active":
         labels = obj["metadata"].setdefault("labels", {})
         labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
@@ -129,6 +151,8 @@ def check_new(kind: Kind, obj: JSON) -> None:
     """Metadata and, for a custom resource, the schema (pruning and defaulting first)."""
     name = obj["metadata"]["name"]
     errors = metadata_errors(obj["metadata"], decoding=True)
+    if kind is PODS:
+        errors += create_errors(obj)
     if kind.custom:
         schema = crd_schemas()[kind.plural]
         prune_and_default(obj, schema, root=True)
@@ -181,6 +205,9 @@ def updated(target: Target, old: JSON, candidate: JSON, *, patched: bool) -> JSO
             else:
                 result.pop("status", None)
         errors = metadata_errors(metadata, decoding=not (patched and kind.custom))
+        if kind is PODS:
+            prepare_update(result)
+            errors += update_errors(old, result)
     if kind.custom:
         schema = crd_schemas()[kind.plural]
         prune_and_default(result, schema, root=True, old=old)

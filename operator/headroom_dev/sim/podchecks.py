@@ -1,0 +1,238 @@
+"""What the simulation checks of gated pods, at every change and once all is calm.
+
+The promise of issue 19 is that placement obeys the ledger: a pod leaves the gate
+only where its memory was admitted, holds one reservation, and gives it back when
+it ends. So, at every change the fake API server applies:
+
+- **ungated only where admitted**: a pod loses the operator's gate only pinned to one
+  node (every required term that matches anything requires ``metadata.name In
+  [node]``), while the reservation its annotation names — its own, by
+  ownerReference — is Admitted on that node in the store: written before the ungate;
+- **one reservation per pod**: no pod ever has two live Admitted reservations;
+- **no ungate refused**: nothing here refuses a valid ungate (no admission plugin
+  of another project), so a reservation reclaimed ``UngateRefused`` means the
+  operator sent a patch the API server's own rules refuse, or lost a race it
+  should have retried;
+- **over-commitment only where it runs**: a reservation admitted ``OverCommitted``
+  (exempt from the node limit in :class:`~headroom_dev.sim.checks.Checker`, since the
+  scheduler already placed the pod) belongs to a pod that was bound to that node.
+
+After quiescence (:meth:`PodChecker.final`):
+
+- a pod that ended or is gone holds nothing: no reservation of its own is Admitted
+  or Queued;
+- a pod that runs, or was ungated, holds an Admitted reservation of its own, on its node;
+- a pod still gated is not stuck: its reservation is not Admitted (Admitted but
+  gated), a Queued one does not fit its node now (under StrictFIFO: the oldest one
+  waiting there), and it has a reservation at all if a known node may take it.
+  One refused (its own wait ran out, or another to be made after a backoff) is left
+  alone: the backoff (up to 5 minutes) is longer than the calm. A pod waits on the
+  node its reservation was placed on, by design, even if another frees up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from headroom.api.constants import RESERVATION_ANNOTATION
+from headroom_dev.sim.checks import Checker
+from headroom_dev.sim.podfacts import allows, claims, finished, gated, pinned_to, request_mb
+
+JSON = dict[str, Any]
+Key = tuple[str, str]
+
+
+def owner_pod_uid(reservation: JSON) -> str | None:
+    for ref in reservation["metadata"].get("ownerReferences") or []:
+        if ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
+            return str(ref.get("uid"))
+    return None
+
+
+def _key(obj: JSON) -> Key:
+    return (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+def _phase(obj: JSON) -> str | None:
+    phase = (obj.get("status") or {}).get("phase")
+    return str(phase) if phase is not None else None
+
+
+class PodChecker:
+    def __init__(self, checker: Checker) -> None:
+        self.checker = checker
+        self._pods: dict[Key, JSON] = {}
+        self._reservations: dict[Key, JSON] = {}
+        self._admitted: dict[str, set[str]] = {}  # pod uid -> its live Admitted reservations
+        self._bound: dict[str, str] = {}  # pod uid -> the node it was bound to
+
+    def fail(self, what: str) -> None:
+        self.checker.fail(what)
+
+    # -- every mutation --------------------------------------------------------------------
+
+    def on_change(self, event_type: str, obj: JSON) -> None:
+        if obj.get("kind") == "Reservation":
+            self._on_reservation(event_type, obj)
+        elif obj.get("kind") == "Pod" and claims(obj):
+            key, uid = _key(obj), obj["metadata"]["uid"]
+            before = self._pods.pop(key, None)
+            if event_type == "DELETED":
+                return
+            self._pods[key] = obj
+            if node := (obj.get("spec") or {}).get("nodeName"):
+                self._bound.setdefault(uid, node)
+            same = before is not None and before["metadata"]["uid"] == uid
+            if same and before is not None and gated(before) and not gated(obj):
+                self._ungated(key, obj)
+
+    def _on_reservation(self, event_type: str, obj: JSON) -> None:
+        key, uid, pod_uid = _key(obj), obj["metadata"]["uid"], owner_pod_uid(obj)
+        if event_type == "DELETED":
+            if self._reservations.get(key, {}).get("metadata", {}).get("uid") == uid:
+                del self._reservations[key]
+        else:
+            self._reservations[key] = obj
+        if pod_uid is None:
+            return
+        live = self._admitted.setdefault(pod_uid, set())
+        if event_type == "DELETED" or _phase(obj) != "Admitted":
+            if uid in live and (obj.get("status") or {}).get("reason") == "UngateRefused":
+                self.fail(f"{key}: the ungate was refused: {obj['status'].get('message')}")
+            live.discard(uid)
+            return
+        if uid in live:
+            return
+        live.add(uid)
+        if len(live) > 1:
+            self.fail(f"pod {pod_uid} holds {len(live)} Admitted reservations: {sorted(live)}")
+        if (obj.get("status") or {}).get("reason") == "OverCommitted":
+            node = obj["spec"]["node"]
+            if self._bound.get(pod_uid) != node:
+                self.fail(
+                    f"{key}: OverCommitted on node {node}, but its pod was bound to "
+                    f"{self._bound.get(pod_uid)}"
+                )
+
+    def _ungated(self, key: Key, pod: JSON) -> None:
+        self.checker.counts["pod-ungated"] += 1
+        name = (pod["metadata"].get("annotations") or {}).get(RESERVATION_ANNOTATION)
+        reservation = self._reservations.get((key[0], name)) if name else None
+        if reservation is None:
+            self.fail(f"pod {key} ungated, but its reservation {name!r} does not exist")
+            return
+        node, phase = reservation["spec"]["node"], _phase(reservation)
+        if owner_pod_uid(reservation) != pod["metadata"]["uid"]:
+            self.fail(f"pod {key} ungated with reservation {name}, which is not its own")
+        elif phase != "Admitted":
+            self.fail(f"pod {key} ungated while its reservation {name} is {phase or 'undecided'}")
+        elif not pinned_to(pod, node):
+            self.fail(f"pod {key} ungated without a pin to node {node}, where it was admitted")
+
+    # -- after quiescence ------------------------------------------------------------------
+
+    def may_wait(self, reservation: JSON) -> bool:
+        """Whether a reservation may still be Queued at the end: its pod is gated (a
+        pod waits without a time limit); :meth:`final` checks it is not stuck."""
+        pod_uid = owner_pod_uid(reservation)
+        return any(p["metadata"]["uid"] == pod_uid and gated(p) for p in self._pods.values())
+
+    def final(self, pods: list[JSON], reservations: list[JSON], nodes: list[JSON]) -> None:
+        config = self.checker.config
+        strict = config.queueing.strategy == "StrictFIFO"
+        max_entries = config.limits.max_entries_per_node
+        limit = self.checker.limit_now
+        alive = {p["metadata"]["uid"]: p for p in pods}
+        own: dict[str, list[JSON]] = {}
+        for reservation in reservations:
+            pod_uid = owner_pod_uid(reservation)
+            if pod_uid is None:
+                continue
+            own.setdefault(pod_uid, []).append(reservation)
+            pod = alive.get(pod_uid)
+            if (pod is None or finished(pod)) and _phase(reservation) in ("Admitted", "Queued"):
+                why = "is gone" if pod is None else (pod.get("status") or {}).get("phase")
+                self.fail(f"{_key(reservation)}: {_phase(reservation)}, but its pod {why}")
+        room = _Room(pods, reservations, limit, max_entries)
+        by_name = {n["metadata"]["name"]: n for n in nodes}
+        for pod in pods:
+            if not claims(pod) or finished(pod):
+                continue
+            mine = own.get(pod["metadata"]["uid"], [])
+            held = [r for r in mine if _phase(r) == "Admitted"]
+            queued = [r for r in mine if _phase(r) == "Queued"]
+            node = (pod.get("spec") or {}).get("nodeName")
+            annotations = pod["metadata"].get("annotations") or {}
+            if gated(pod):
+                if held:
+                    self.fail(f"pod {_key(pod)}: its reservation is Admitted, but it stays gated")
+                elif queued and room.stuck(queued[0], reservations, strict=strict):
+                    self.fail(
+                        f"pod {_key(pod)} waits on {queued[0]['spec']['node']}, which has room"
+                    )
+                elif not mine and self._placeable(pod, by_name):
+                    self.fail(
+                        f"pod {_key(pod)} stays gated with no reservation, but a node may take it"
+                    )
+            elif node or RESERVATION_ANNOTATION in annotations:
+                if not held:
+                    self.fail(f"pod {_key(pod)} runs or was ungated, but holds no reservation")
+                elif node and held[0]["spec"]["node"] != node:
+                    self.fail(f"pod {_key(pod)} runs on {node}, its memory is held on another node")
+
+    @staticmethod
+    def _placeable(pod: JSON, nodes: dict[str, JSON]) -> bool:
+        named = (pod["metadata"].get("annotations") or {}).get("headroom.dev/node")
+        if named is not None:  # that node only; unknown, it is waited for
+            return named not in nodes or allows(pod, nodes[named])
+        return any(allows(pod, node) for node in nodes.values())
+
+
+class _Room:
+    """Each node's room as the ledger should see it at quiescence, computed again:
+    the node's limit, less Admitted reservations, less what bound pods request
+    beyond what they hold (the ``podRequests: subtract`` mode)."""
+
+    def __init__(
+        self,
+        pods: list[JSON],
+        reservations: list[JSON],
+        limit: Callable[[str], int | None],
+        max_entries: int,
+    ) -> None:
+        self._limit, self._max_entries = limit, max_entries
+        self._held: dict[str, int] = {}
+        self._entries: dict[str, int] = {}
+        claimed: dict[Key, int] = {}  # by (namespace, spec.owner.pod), as the ledger keys it
+        for r in reservations:
+            if _phase(r) == "Admitted":
+                node, ram = r["spec"]["node"], int(r["spec"].get("ramMB", 0))
+                self._held[node] = self._held.get(node, 0) + ram
+                self._entries[node] = self._entries.get(node, 0) + 1
+                owner = (r["spec"].get("owner") or {}).get("pod")
+                if owner:
+                    key = (r["metadata"]["namespace"], owner)
+                    claimed[key] = claimed.get(key, 0) + ram
+        self._requested: dict[str, int] = {}
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node and not finished(pod):
+                excess = max(0, request_mb(pod) - claimed.get(_key(pod), 0))
+                self._requested[node] = self._requested.get(node, 0) + excess
+
+    def free(self, node: str) -> int | None:
+        limit = self._limit(node)
+        if limit is None or self._entries.get(node, 0) >= self._max_entries:
+            return None
+        return limit - self._held.get(node, 0) - self._requested.get(node, 0)
+
+    def stuck(self, queued: JSON, reservations: list[JSON], *, strict: bool) -> bool:
+        node = queued["spec"]["node"]
+        if strict:  # only the oldest waiting there may go
+            waiting = [
+                r for r in reservations if _phase(r) == "Queued" and r["spec"]["node"] == node
+            ]
+            queued = min(waiting, key=lambda r: (r["metadata"]["creationTimestamp"], _key(r)))
+        free = self.free(node)
+        return free is not None and int(queued["spec"].get("ramMB", 0)) <= free

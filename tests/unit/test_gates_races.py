@@ -1,0 +1,258 @@
+"""Races of gated pods the simulation found, each replayed on the fake API server.
+
+The controller's watches are off: each test delivers the events itself, and withholds
+or delays the one that makes the race.
+
+- A claiming pod deleted and created again under its name, its deletion never seen
+  (seed 4576 of the first schedules with gated pods): the new pod's reservation was
+  taken for the old pod's (its owner read by name from the owner-pod cache, which
+  still held the old incarnation), then reclaimed as "owner pod was replaced", and
+  the new pod ran holding nothing. A gated pod's reservation names its owner's
+  incarnation in its ownerReference; that is the owner.
+- A foreign gate lifted by another controller while the operator's view of the pod
+  still had it (seed 2818): the ungate patch, made from that view, failed its
+  ``test`` of our gate's index, and was taken for a refusal (the reservation
+  reclaimed ``UngateRefused``, the pod's place in the queue lost, a Warning shown).
+- A claiming pod that ended before its reservation was decided (seed 5786: it
+  ended while the operator was down): the gates reclaimed the reservation the
+  moment its Admitted status was confirmed, and the confirmation then announced and
+  released that reclaim as if it were written, so its memory went to another
+  reservation while the API still showed this one Admitted.
+- A late owner-watch event of the old incarnation (seed 4093): the old pod's
+  MODIFIED came after the new pod's reservation was decided, and was taken for the
+  new pod being replaced: the new pod's reservation reclaimed, the pod running
+  holding nothing. The pod is read before a reservation goes.
+- A pod that ended before its reservation was decided, on a node then unknown
+  (seed 4531): the reservation was queued (NodeUnknown, 24 h) and stayed so, for a
+  pod that had ended; had the node come back it would have been admitted. A pod
+  that ended has its waiting reservation deleted.
+- A watch event that lags a newer list (seed 5886): the pod the webhook missed was
+  listed bound, its reservation made on its node, then the watch delivered its
+  older ADDED (not yet bound), and the admission, reading that, queued the claim
+  of a pod already running there behind its own memory request: for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from headroom.api.claims import pod_claim
+from headroom.api.config import OperatorConfig
+from headroom.api.constants import CLAIM_LABEL, OWNER_LABEL, RAM_ANNOTATION, SCHEDULING_GATE
+from headroom.control.controller import Controller
+from headroom.kube.transport import JSON, resource_path
+from headroom.objects.pods import pod_reservation
+from headroom_dev.sim.fakeapi import FakeApiServer
+from headroom_dev.sim.loop import VirtualClock, run_virtual
+
+NS = "ml"
+PODS = resource_path("", "v1", "pods", NS)
+FOREIGN = "example.com/quota"
+
+
+def start(server: FakeApiServer) -> Controller:
+    return Controller(
+        OperatorConfig(), server.client("operator"), clock=VirtualClock(), follow_watches=False
+    )
+
+
+async def deliver_reservations(server: FakeApiServer, controller: Controller) -> None:
+    """What the reservation watch would say, for a few seconds."""
+    for _ in range(3):
+        await asyncio.sleep(1)
+        for reservation in server.reservations(NS):
+            controller.on_reservation("MODIFIED", reservation)
+
+
+def bound_pod(server: FakeApiServer, node: str, ram: str = "512Mi", request: str = "") -> JSON:
+    """A claiming pod the webhook missed (no gate), bound by the scheduler."""
+    container: JSON = {"name": "main", "image": "sim"}
+    if request:
+        container["resources"] = {"requests": {"memory": request}}
+    body = {
+        "metadata": {
+            "name": "p",
+            "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
+            "annotations": {RAM_ANNOTATION: ram},
+        },
+        "spec": {"containers": [container]},
+    }
+    pod = server.create(PODS, body)
+    binding = {"metadata": {"name": "p", "uid": pod["metadata"]["uid"]}, "target": {"name": node}}
+    server.create(f"{PODS}/p/binding", binding)
+    found = server.get(f"{PODS}/p")
+    assert found is not None
+    return found
+
+
+def test_the_new_pods_reservation_is_its_own_though_the_old_pods_deletion_was_missed() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        old = bound_pod(server, "n1")
+        controller = start(server)
+        await controller.start()  # lists the old pod: its reservation is made
+        await deliver_reservations(server, controller)
+        [first] = server.reservations(NS)
+        assert first["status"]["phase"] == "Admitted"
+        server.delete(f"{PODS}/p")  # its DELETED reaches no one
+        new = bound_pod(server, "n1")
+        assert new["metadata"]["uid"] != old["metadata"]["uid"]
+        controller.gates.on_pod("ADDED", new)  # the old reservation goes, a new one comes
+        await asyncio.sleep(1)
+        controller.on_reservation("DELETED", first)
+        await deliver_reservations(server, controller)
+        controller.owners.on_pod("MODIFIED", new)  # the owner watch sees the new pod
+        await deliver_reservations(server, controller)
+        [second] = server.reservations(NS)
+        owner = second["metadata"]["ownerReferences"][0]["uid"]
+        assert owner == new["metadata"]["uid"]
+        assert (second["status"]["phase"], second["status"]["reason"]) == ("Admitted", "Fits")
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_a_late_event_of_the_old_pod_does_not_release_the_new_pods_reservation() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        old = bound_pod(server, "n1")
+        controller = start(server)
+        await controller.start()
+        await deliver_reservations(server, controller)
+        [first] = server.reservations(NS)
+        server.delete(f"{PODS}/p")
+        new = bound_pod(server, "n1")
+        controller.gates.on_pod("DELETED", old)
+        controller.owners.on_pod("DELETED", old)
+        controller.gates.on_pod("ADDED", new)
+        await asyncio.sleep(1)
+        controller.on_reservation("DELETED", first)
+        controller.owners.on_pod("ADDED", new)
+        await deliver_reservations(server, controller)
+        controller.owners.on_pod("MODIFIED", old)  # late, from a watch behind a list
+        await deliver_reservations(server, controller)
+        [second] = server.reservations(NS)
+        assert second["metadata"]["ownerReferences"][0]["uid"] == new["metadata"]["uid"]
+        assert second["status"]["phase"] == "Admitted"
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_an_ungate_made_from_a_stale_view_is_made_again_not_taken_for_a_refusal() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        body = {
+            "metadata": {
+                "name": "p",
+                "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
+                "annotations": {RAM_ANNOTATION: "512Mi"},
+            },
+            "spec": {
+                "containers": [{"name": "main", "image": "sim"}],
+                "schedulingGates": [{"name": FOREIGN}, {"name": SCHEDULING_GATE}],
+            },
+        }
+        server.create(PODS, body)
+        controller = start(server)
+        await controller.start()  # sees both gates: our gate is at index 1
+        # The quota controller lifts its gate; the claim watch has not said so yet.
+        server.merge_patch(f"{PODS}/p", {"spec": {"schedulingGates": [{"name": SCHEDULING_GATE}]}})
+        await deliver_reservations(server, controller)  # admitted, then ungated
+        [reservation] = server.reservations(NS)
+        assert (reservation["status"]["phase"], reservation["status"]["reason"]) == (
+            "Admitted",
+            "Fits",
+        )
+        pod = server.get(f"{PODS}/p")
+        assert pod is not None
+        assert "schedulingGates" not in pod["spec"]
+        assert pod["metadata"]["annotations"]["headroom.dev/reservation"] == "p"
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_a_reclaim_decided_while_an_admission_is_confirmed_keeps_the_memory_until_written() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        pod = bound_pod(server, "n1")
+        # Its reservation, made before the operator went down, is not decided yet.
+        body = pod_reservation(pod, pod_claim(pod), "n1")
+        server.create(resource_path("headroom.dev", "v1alpha1", "reservations", NS), body)
+        server.merge_patch(f"{PODS}/p/status", {"status": {"phase": "Succeeded"}})
+        controller = start(server)
+        held_when_reclaimed: list[bool] = []
+
+        def on_change(event_type: str, obj: JSON) -> None:
+            if (obj.get("status") or {}).get("phase") == "Reclaimed":
+                held_when_reclaimed.append(controller.state.ledger.get(f"{NS}/p") is not None)
+
+        server.subscribe(on_change)
+        await controller.start()  # admits it (the pod ended: nothing says where it runs)...
+        await deliver_reservations(server, controller)  # ...and reclaims it
+        [reservation] = server.reservations(NS)
+        assert (reservation["status"]["phase"], reservation["status"]["reason"]) == (
+            "Reclaimed",
+            "OwnerPodFinished",
+        )
+        assert held_when_reclaimed[:1] == [True]  # released only once the object says so
+        assert controller.state.ledger.get(f"{NS}/p") is None
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_a_watch_event_older_than_the_list_does_not_unbind_a_running_pod() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=4096)  # a limit of 3072 MiB
+        pod = bound_pod(server, "n1", ram="2048Mi", request="2048Mi")
+        unbound = dict(pod, spec={k: v for k, v in pod["spec"].items() if k != "nodeName"})
+        controller = start(server)
+        await controller.start()  # lists it bound: its reservation is made on n1
+        await asyncio.sleep(1)
+        controller.gates.on_pod("ADDED", unbound)  # the watch, late, shows it as created
+        await deliver_reservations(server, controller)
+        [reservation] = server.reservations(NS)
+        # It runs there: recorded, over the limit if it must be, never queued behind
+        # its own memory request.
+        assert reservation["status"]["phase"] == "Admitted"
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_the_waiting_reservation_of_a_pod_that_ended_is_deleted() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        pod = bound_pod(server, "n9")  # its node is gone (or not known yet)
+        body = pod_reservation(pod, pod_claim(pod), "n9")  # made before the operator went down
+        server.create(resource_path("headroom.dev", "v1alpha1", "reservations", NS), body)
+        server.merge_patch(f"{PODS}/p/status", {"status": {"phase": "Failed"}})
+        queued: list[str] = []
+        server.subscribe(
+            lambda event_type, obj: (
+                queued.append(obj["metadata"]["name"])
+                if (obj.get("status") or {}).get("phase") == "Queued"
+                else None
+            )
+        )
+        controller = start(server)
+        await controller.start()  # decided: it waits for node n9...
+        await deliver_reservations(server, controller)
+        assert set(queued) == {"p"}
+        assert server.reservations(NS) == []  # ...for a pod that has ended: deleted
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
