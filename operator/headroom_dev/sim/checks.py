@@ -31,7 +31,8 @@ At every change the fake API server applies (``FakeApiServer.subscribe``):
 After the schedule quiesces (:meth:`Checker.final`): every reservation is
 decided (a gated pod's may still be Queued: it waits as long as its pod), its
 status is the live operator's truth, and the operator remembers nothing that is
-gone. Gated pods have checks of their own: :mod:`headroom_dev.sim.podchecks`.
+gone (but what was deleted that moment, the answer on its way). Gated pods have
+checks of their own: :mod:`headroom_dev.sim.podchecks`.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class Checker:
     _pods: set[tuple[str, str]] = field(default_factory=set)
     _pod_uids: set[str] = field(default_factory=set)
     _over: dict[str, str] = field(default_factory=dict)  # uid -> decisionID, OverCommitted
+    _deleted_at: dict[str, float] = field(default_factory=dict)
     _created: dict[str, float] = field(default_factory=dict)  # uid -> when it appeared
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     _last_value: dict[tuple[str, str, str], str] = field(default_factory=dict)
@@ -173,6 +175,7 @@ class Checker:
         uid, key = meta["uid"], (meta["namespace"], meta["name"])
         if event_type == "DELETED":
             self._admitted.pop(uid, None)
+            self._deleted_at[uid] = self.now()
             return
         self._created.setdefault(uid, self.now())
         self._beat("Reservation", key, obj)
@@ -329,5 +332,7 @@ class Checker:
                 self.fail(f"{key}: status {status.get('phase')}, held in the ledger: {held}")
         if controller is not None:
             for uid, record in controller.state.records.items():
-                if uid not in present:
+                # (a deletion that landed this moment: its answer is still on its way)
+                just = self.now() - self._deleted_at.get(uid, -1e9) <= LANDING_SLACK
+                if uid not in present and not just:
                     self.fail(f"{record.entry_id}: remembered, but its object is gone")
