@@ -54,8 +54,10 @@ def claim_mb(cluster: NodeCluster) -> int:
 
     def allocatable() -> int:
         items = cluster.get("nodeheadrooms")["items"]
-        [status] = [i["status"] for i in items if i["metadata"]["name"] == node]
-        return int(status["allocatableRAMMB"])
+        # Written a moment after the operator is Ready: retried until it is there.
+        found = [i.get("status") or {} for i in items if i["metadata"]["name"] == node]
+        assert found and "allocatableRAMMB" in found[0], f"no NodeHeadroom for {node} yet"
+        return int(found[0]["allocatableRAMMB"])
 
     room: int = eventually(allocatable, timeout=30)
     return room * 2 // 5
@@ -147,8 +149,9 @@ def run_two_at_a_time(cluster: NodeCluster, body: dict[str, Any]) -> None:
         for pod in running:
             assert pod["spec"]["nodeName"] == node
             assert pod["metadata"]["annotations"]["headroom.dev/reservation"]
-        [condition] = [c for c in waiting[0]["status"]["conditions"] if c["type"] == "PodScheduled"]
-        assert (condition["status"], condition["reason"]) == ("False", "SchedulingGated")
+        conditions = waiting[0]["status"].get("conditions", [])
+        scheduled = [(c["status"], c.get("reason")) for c in conditions if c["type"] == "PodScheduled"]
+        assert scheduled == [("False", "SchedulingGated")], conditions
         return [p["metadata"]["name"] for p in running], waiting[0]["metadata"]["name"]
 
     first, third = eventually(two_run_one_waits, timeout=60)

@@ -54,8 +54,9 @@ def pool(api: client.ApiClient) -> Iterator[tuple[str, str, dict[str, str]]]:
 
 
 def scheduled(pod: client.V1Pod) -> tuple[str, str]:
-    [condition] = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
-    return condition.status, condition.reason or ""
+    found = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+    assert len(found) == 1, f"{pod.metadata.name}: no PodScheduled condition yet"
+    return found[0].status, found[0].reason or ""
 
 
 def test_the_scheduler_binds_a_gated_pod_only_where_its_memory_was_admitted(
