@@ -97,6 +97,8 @@ MAX_PID = 4_194_304
 # -- defaults -------------------------------------------------------------------------------
 
 DEFAULT_MAX_OVERCOMMIT_RATIO = Fraction(1)
+#: Per GPU device (and for a node's VRAM sum): no overcommit.
+DEFAULT_VRAM_OVERCOMMIT_RATIO = Fraction(1)
 DEFAULT_SYSTEM_RESERVE_MB = 1024
 DEFAULT_HEARTBEAT_STALE_WINDOW = timedelta(minutes=5)
 DEFAULT_MAX_ENTRIES_PER_NODE = 110  # the kubelet's default max pods per node

@@ -8,7 +8,7 @@ measured in microseconds. See ``ledger.py`` for the costs.
 from headroom.ledger.decisions import Decision, Reclaimed, RestoreResult, UnknownEntryError
 from headroom.ledger.entry import Entry, Owner
 from headroom.ledger.ledger import Ledger
-from headroom.ledger.node import format_ratio
+from headroom.ledger.ratio import format_ratio
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary
 
 __all__ = [

@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from headroom.api.gpus import GpuDevice, GpuPolicy
-from headroom.ledger.node import format_ratio
+from headroom.ledger.ratio import format_ratio
 
 #: Device id -> MiB held on it by admitted claims.
 Held = Mapping[str, int]
 #: What one claim holds: device id -> MiB, its share on each chosen device.
 Assignment = dict[str, int]
+#: The ratio under which every device has room (for claims that already run).
+UNLIMITED = Fraction(0)
 
 
 def share_mb(vram_mb: int, gpus: int) -> int:
@@ -152,6 +154,11 @@ def choose_devices(
     else:
         fitting.sort(key=lambda room: -_fullness(room))
     return {room.device.id: share for room in fitting[:gpus]}
+
+
+def describe(assignment: Mapping[str, int]) -> str:
+    """``GPU-aabbccdd… (51200 MiB), GPU-eeff0011… (51200 MiB)``, in id order."""
+    return ", ".join(f"{short_id(d)} ({mib} MiB)" for d, mib in sorted(assignment.items()))
 
 
 def hold(held: MutableMapping[str, int], assignment: Mapping[str, int]) -> None:

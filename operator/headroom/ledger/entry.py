@@ -38,6 +38,10 @@ class Entry:
     wait_until: datetime | None = None  # may wait for room until then (creation + spec.wait)
     #: Alive as long as its pod (spec.liveness Pod): never stale; released when the pod ends.
     pod_lifetime: bool = False
+    #: Over how many GPU devices its VRAM is spread (spec.gpus); 0: the node's sum.
+    gpus: int = 1
+    #: Its assignment once admitted on a node with devices: device id -> MiB held there.
+    devices: dict[str, int] = field(default_factory=dict)
 
     def is_expired(self, now: datetime) -> bool:
         """The entry has a hard expiry and it has passed."""

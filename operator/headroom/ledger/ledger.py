@@ -28,8 +28,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
 
+from headroom.api.gpus import GpuDevice, GpuPolicy
 from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
+from headroom.ledger import devices as device_math
 from headroom.ledger.decisions import (
     WAITABLE,
     Decision,
@@ -38,9 +40,10 @@ from headroom.ledger.decisions import (
     UnknownEntryError,
 )
 from headroom.ledger.entry import Entry
-from headroom.ledger.node import NodeState, format_ratio
+from headroom.ledger.node import NodeState
 from headroom.ledger.pods import PodKey, PodRequests
 from headroom.ledger.queue import WaitQueues
+from headroom.ledger.ratio import format_ratio
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
 
@@ -103,6 +106,45 @@ class Ledger:
             for entry in state.entries.values():  # deadlines moved earlier
                 self._schedule(entry)
 
+    def set_node_devices(self, node: str, devices: tuple[GpuDevice, ...] | None) -> None:
+        """The node's GPU inventory changed (None: it has none, or it cannot be read).
+
+        Never moves an assignment: what admitted claims hold stays on its device ids,
+        and a device gone or shrunk shows in :meth:`over_committed_devices`. Entries
+        that hold VRAM per device but were admitted without an assignment (before
+        the node had an inventory, or before the upgrade that brought devices) are
+        placed now, oldest first, so that new claims see them.
+        """
+        state = self._node(node)
+        state.devices = devices
+        if devices is not None:
+            self._place_unassigned(state)
+
+    def _place_unassigned(self, state: NodeState) -> None:
+        unplaced = [e for e in state.entries.values() if state.on_devices(e) and not e.devices]
+        for entry in sorted(unplaced, key=lambda e: (e.created_at, e.id)):
+            entry.devices = self._forced_assignment(state, entry)
+            device_math.hold(state.device_held, entry.devices)
+
+    @staticmethod
+    def _forced_assignment(state: NodeState, entry: Entry) -> dict[str, int]:
+        """Devices for a claim that holds VRAM whether or not it fits (it already runs):
+        the emptiest ones; none when the node has fewer devices than it spans."""
+        chosen = device_math.choose_devices(
+            state.devices or (),
+            state.device_held,
+            entry.vram_mb,
+            entry.gpus,
+            device_math.UNLIMITED,
+            GpuPolicy.SPREAD,
+        )
+        return chosen if isinstance(chosen, dict) else {}
+
+    def over_committed_devices(self, node: str) -> list[device_math.OverCommit]:
+        """Devices of ``node`` holding more than their limit, or gone while held."""
+        state = self._nodes.get(node)
+        return state.over_committed_devices() if state is not None else []
+
     def remove_node(self, node: str) -> None:
         """Capacity becomes unknown. Active entries stay until released or reclaimed.
 
@@ -114,7 +156,7 @@ class Ledger:
             return
         if state.entries:
             old_window = state.limits.heartbeat_stale_window
-            state.total_ram_mb = state.vram_mb = None
+            state.total_ram_mb = state.vram_mb = state.devices = None
             state.limits = self.limits
             if state.limits.heartbeat_stale_window < old_window:
                 for entry in state.entries.values():
@@ -144,11 +186,15 @@ class Ledger:
             self._failures[reason] += 1
             return Decision(False, reason, message, entry)
         state = self._node(entry.node)
+        chosen = state.choose(entry) if state.on_devices(entry) else {}
+        assert isinstance(chosen, dict), "a claim that fits has devices"
+        entry.devices = chosen
         self._add(state, entry)
         limit = state.limit_ram_mb()
         message = (
             f"node {entry.node}: reserved {entry.ram_mb} MiB RAM"
             + (f" and {entry.vram_mb} MiB VRAM" if entry.vram_mb else "")
+            + (f" on {device_math.describe(chosen)}" if chosen else "")
             + (
                 f"; {limit - state.reserved_ram_mb} MiB still allocatable"
                 if limit is not None
@@ -205,7 +251,9 @@ class Ledger:
         ):
             self._failures[reason] += 1
             return Decision(False, reason, message, entry)
-        self._add(self._node(entry.node), entry)
+        state = self._node(entry.node)
+        entry.devices = self._forced_assignment(state, entry) if state.on_devices(entry) else {}
+        self._add(state, entry)
         return Decision(
             True, Reason.OVER_COMMITTED, f"already running there, over the limit: {message}", entry
         )
@@ -299,12 +347,19 @@ class Ledger:
                 f"{format_ratio(state.limits.max_overcommit_ratio)} − reserve "
                 f"{state.limits.system_reserve_mb}{pods} − reserved {state.reserved_ram_mb})"
             )
-        if state.vram_mb is not None and state.reserved_vram_mb + entry.vram_mb > state.vram_mb:
+        vram_limit = state.limit_vram_mb()
+        if vram_limit is not None and state.reserved_vram_mb + entry.vram_mb > vram_limit:
+            ratio = state.limits.max_vram_overcommit_ratio
+            scaled = "" if ratio == 1 else f" × {format_ratio(ratio)}"
             return Reason.INSUFFICIENT_VRAM, (
                 f"node {node}: requested {entry.vram_mb} MiB VRAM, allocatable "
-                f"{max(state.vram_mb - state.reserved_vram_mb, 0)} MiB (VRAM {state.vram_mb} − "
-                f"reserved {state.reserved_vram_mb})"
+                f"{max(vram_limit - state.reserved_vram_mb, 0)} MiB (VRAM {state.vram_mb}{scaled} "
+                f"− reserved {state.reserved_vram_mb})"
             )
+        if state.on_devices(entry):
+            choice = state.choose(entry)
+            if isinstance(choice, device_math.DeviceRefusal):
+                return Reason.INSUFFICIENT_VRAM, choice.message(node)
         return None
 
     def _add(self, state: NodeState, entry: Entry) -> None:
@@ -442,15 +497,20 @@ class Ledger:
         over: list[Entry] = []
         for node in touched:
             state = self._nodes[node]
-            limit = state.limit_ram_mb()
+            if state.devices is not None:
+                self._place_unassigned(state)
+                crowded = {o.device_id for o in state.over_committed_devices()}
+                over.extend(e for e in state.entries.values() if crowded.intersection(e.devices))
+            limit, vram_limit = state.limit_ram_mb(), state.limit_vram_mb()
             ram = vram = 0
             for entry in sorted(state.entries.values(), key=lambda e: (e.created_at, e.id)):
                 ram, vram = ram + entry.ram_mb, vram + entry.vram_mb
                 if (limit is not None and ram > limit) or (
-                    state.vram_mb is not None and vram > state.vram_mb
+                    vram_limit is not None and vram > vram_limit
                 ):
                     over.append(entry)
-        return RestoreResult(over)
+        unique = {entry.id: entry for entry in over}
+        return RestoreResult(sorted(unique.values(), key=lambda e: (e.created_at, e.id)))
 
     @classmethod
     def rebuild(
