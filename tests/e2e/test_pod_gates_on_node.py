@@ -56,7 +56,8 @@ def claim_mb(cluster: NodeCluster) -> int:
         items = cluster.get("nodeheadrooms")["items"]
         # Written a moment after the operator is Ready: retried until it is there.
         found = [i.get("status") or {} for i in items if i["metadata"]["name"] == node]
-        assert found and "allocatableRAMMB" in found[0], f"no NodeHeadroom for {node} yet"
+        assert found, f"no NodeHeadroom for {node} yet"
+        assert "allocatableRAMMB" in found[0], found[0]
         return int(found[0]["allocatableRAMMB"])
 
     room: int = eventually(allocatable, timeout=30)
@@ -150,7 +151,9 @@ def run_two_at_a_time(cluster: NodeCluster, body: dict[str, Any]) -> None:
             assert pod["spec"]["nodeName"] == node
             assert pod["metadata"]["annotations"]["headroom.dev/reservation"]
         conditions = waiting[0]["status"].get("conditions", [])
-        scheduled = [(c["status"], c.get("reason")) for c in conditions if c["type"] == "PodScheduled"]
+        scheduled = [
+            (c["status"], c.get("reason")) for c in conditions if c["type"] == "PodScheduled"
+        ]
         assert scheduled == [("False", "SchedulingGated")], conditions
         return [p["metadata"]["name"] for p in running], waiting[0]["metadata"]["name"]
 
