@@ -26,6 +26,8 @@ from pydantic import (
 from headroom.api.constants import (
     GO_DURATION,
     HEARTBEAT_ANNOTATION,
+    MAX_DEVICE_NAME,
+    MAX_GPUS,
     MAX_MB,
     MAX_NODE_SUM_MB,
     MAX_PID,
@@ -171,8 +173,18 @@ class ReservationSpec(_Model):
         0,
         alias="vramMB",
         description=(
-            "GPU memory to reserve, in MiB. Enforced only on nodes whose VRAM capacity "
-            "is known from GPU labels."
+            "GPU memory to reserve, in MiB. Enforced on nodes whose GPU inventory is known "
+            "(DRA ResourceSlices, HAMi's annotation or GPU Feature Discovery labels)."
+        ),
+    )
+    gpus: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_GPUS,
+        description=(
+            "Over how many GPU devices vramMB is spread; each needs its share "
+            "(vramMB / gpus, rounded up) free. Absent: 1. 0: no device assignment, only "
+            "the node's VRAM sum is checked (a claim spanning the whole node's GPUs)."
         ),
     )
     owner: Owner | None = Field(None, description="Who holds the reservation.")
@@ -223,6 +235,20 @@ class Condition(_Model):
     )
 
 
+class DeviceShare(_Model):
+    """Part of an admission on GPU devices: one device and the MiB held on it."""
+
+    id: str = Field(
+        min_length=1,
+        max_length=MAX_DEVICE_NAME,
+        description=(
+            "The device: its UUID (GPU-…, MIG-…) where the inventory has one, what "
+            "CUDA_VISIBLE_DEVICES takes; else <driver>/<pool>/<device> or gfd-<n>."
+        ),
+    )
+    memory_mb: MB = Field(alias="memoryMB", description="MiB of its memory held, MiB.")
+
+
 class ReservationStatus(_Model):
     """Written only by the operator (status subresource)."""
 
@@ -261,6 +287,14 @@ class ReservationStatus(_Model):
         ge=1,
         description="While Queued: its place in its node's queue, 1 is next.",
     )
+    devices: list[DeviceShare] | None = Field(
+        None,
+        max_length=MAX_GPUS,
+        description=(
+            "While Admitted on a node with a GPU inventory: the devices its VRAM is on "
+            "and the MiB on each. Part of the decision (covered by decisionStamp)."
+        ),
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,
@@ -269,6 +303,21 @@ class ReservationStatus(_Model):
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
         },
+    )
+
+
+class DeviceHeadroom(_Model):
+    """One GPU device of a node: its memory, what is held on it and what is free."""
+
+    id: str = Field(min_length=1, max_length=MAX_DEVICE_NAME, description="Device id.")
+    kind: Literal["gpu", "mig"] = Field(description="A whole GPU or a MIG device.")
+    model: str | None = Field(None, max_length=253, description="Product name, if known.")
+    memory_mb: MB = Field(alias="memoryMB", description="Its memory, MiB.")
+    reserved_mb: SumMB = Field(alias="reservedMB", description="Held by admitted claims, MiB.")
+    free_mb: MB | None = Field(
+        None,
+        alias="freeMB",
+        description="memory × VRAM ratio − reserved; absent when unlimited (ratio 0).",
     )
 
 
@@ -337,7 +386,30 @@ class NodeHeadroomStatus(_Model):
     )
     over_committed: bool = Field(
         alias="overCommitted",
-        description="Reserved RAM exceeds the limit, e.g. after the node shrank.",
+        description=(
+            "Reserved RAM or VRAM exceeds the limit, or a device holds more than its limit "
+            "(e.g. after the node shrank or a GPU went away)."
+        ),
+    )
+    gpu_source: str | None = Field(
+        None,
+        alias="gpuSource",
+        max_length=32,
+        description="Where the GPU inventory was read: ResourceSlice, HAMi or GFD.",
+    )
+    gpu_policy: str | None = Field(
+        None,
+        alias="gpuPolicy",
+        max_length=16,
+        description="How a claim's devices are chosen here: binpack or spread.",
+    )
+    largest_free_device_mb: MB | None = Field(
+        None,
+        alias="largestFreeDeviceMB",
+        description="The most VRAM free on one device, MiB: the largest one-GPU claim that fits.",
+    )
+    devices: list[DeviceHeadroom] | None = Field(
+        None, max_length=MAX_GPUS, description="Every GPU device, by id."
     )
     updated_at: datetime | None = Field(
         None, alias="updatedAt", description="When the operator last wrote this summary."

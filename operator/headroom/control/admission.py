@@ -215,7 +215,9 @@ class Admission:
             if record is None:  # cannot happen: every waiting entry has its record
                 state.ledger.release(verdict.entry.id)
                 continue
-            self._decide_again(record, Phase.ADMITTED, verdict.reason, verdict.message)
+            self._decide_again(
+                record, Phase.ADMITTED, verdict.reason, verdict.message, verdict.entry.devices
+            )
             state.hold(record)
             waited = (now - verdict.entry.created_at).total_seconds()
             self._telemetry.waited(max(waited, 0.0))
@@ -238,17 +240,26 @@ class Admission:
         uid = self._state.waiters.get(entry_id)
         return self._state.records.get(uid) if uid is not None else None
 
-    def _decide_again(self, record: Record, phase: Phase, reason: Reason, message: str) -> None:
+    def _decide_again(
+        self,
+        record: Record,
+        phase: Phase,
+        reason: Reason,
+        message: str,
+        devices: dict[str, int] | None = None,
+    ) -> None:
         """A waiting reservation's final decision: a new decision, written like any other."""
         decision_id = f"{self.run_id}-{next(self._decisions)}"
+        devices = dict(devices or {})
         record.decision = Decision(
             phase=phase,
             reason=reason,
             message=message[:1024],
             at=self._clock.now(),
             decision_id=decision_id,
-            stamp=self._state.stamper.sign(record.uid, decision_id, str(phase)),
+            stamp=self._state.stamper.sign(record.uid, decision_id, str(phase), devices),
             generation=record.decision.generation,
+            devices=devices,
         )
         record.changed_at = self._clock.monotonic()
         record.confirmed = record.announced = False
@@ -270,14 +281,16 @@ class Admission:
     ) -> Record:
         decision_id = f"{self.run_id}-{next(self._decisions)}"
         generation = pending.obj["metadata"].get("generation")
+        devices = dict(entry.devices) if entry is not None and phase == Phase.ADMITTED else {}
         decision = Decision(
             phase=phase,
             reason=reason,
             message=message,
             at=self._clock.now(),
             decision_id=decision_id,
-            stamp=self._state.stamper.sign(pending.uid, decision_id, str(phase)),
+            stamp=self._state.stamper.sign(pending.uid, decision_id, str(phase), devices),
             generation=generation if isinstance(generation, int) else None,
+            devices=devices,
         )
         pod = entry.owner.pod if entry is not None else None
         try:

@@ -86,7 +86,10 @@ class Adoption:
         number = next(self._numbers)
         record.decision.decision_id = f"{self._run_id}-adopted-{number}"
         record.decision.stamp = decision.sign(
-            record.uid, record.decision.decision_id, str(record.decision.phase)
+            record.uid,
+            record.decision.decision_id,
+            str(record.decision.phase),
+            record.decision.devices,
         )
         record.changed_at = self._clock.monotonic()
         record.confirmed = False

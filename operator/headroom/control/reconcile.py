@@ -189,6 +189,7 @@ class Reconciler:
             self._admission.submit(obj)
             return
         record.node, record.pod = entry.node, entry.owner.pod
+        entry.devices = dict(record.decision.devices)  # stamped with the decision
         if record.pod:
             seen = self._state.pods.get((record.namespace, record.pod))
             owner_uid = owning_pod_uid(obj)  # a gated pod's: exactly its incarnation

@@ -8,7 +8,9 @@ from datetime import datetime
 from fractions import Fraction
 
 from headroom.api.constants import MAX_MB
+from headroom.api.gpus import GpuPolicy
 from headroom.api.reasons import Reason
+from headroom.ledger.devices import DeviceRoom, rooms
 from headroom.ledger.node import NodeState
 
 
@@ -32,6 +34,17 @@ class NodeSummary:
     queued_entries: int = 0  # waiting for room (hold no capacity)
     queued_ram_mb: int = 0
     pod_requests_mb: int = 0  # requested by pods beyond their claims; out of the limit
+    #: Each GPU device with what it holds and may hold; None: no inventory.
+    devices: tuple[DeviceRoom, ...] | None = None
+    gpu_policy: GpuPolicy = GpuPolicy.BINPACK
+
+    @property
+    def largest_free_device_mb(self) -> int | None:
+        """MiB free on the emptiest device (None: no devices, or unlimited)."""
+        free = [room.free_mb for room in self.devices or ()]
+        if not free or any(mib is None for mib in free):
+            return None
+        return max(mib for mib in free if mib is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +87,7 @@ def summarize(state: NodeState, now: datetime) -> NodeSummary:
     window = state.limits.heartbeat_stale_window
     stale = sum(1 for e in state.entries.values() if e.is_stale(now, window))
     total = state.total_ram_mb or 0
-    limit = state.limit_ram_mb()
+    limit, vram_limit = state.limit_ram_mb(), state.limit_vram_mb()
     return NodeSummary(
         node=state.name,
         capacity_known=state.known,
@@ -92,5 +105,14 @@ def summarize(state: NodeState, now: datetime) -> NodeSummary:
         max_entries=state.limits.max_entries_per_node,
         utilization_pct=100.0 * state.reserved_ram_mb / total if total else 0.0,
         over_committed=(limit is not None and state.reserved_ram_mb > limit)
-        or (state.vram_mb is not None and state.reserved_vram_mb > state.vram_mb),
+        or (vram_limit is not None and state.reserved_vram_mb > vram_limit)
+        or bool(state.devices is not None and state.over_committed_devices()),
+        devices=(
+            None
+            if state.devices is None
+            else tuple(
+                rooms(state.devices, state.device_held, state.limits.max_vram_overcommit_ratio)
+            )
+        ),
+        gpu_policy=state.limits.gpu_policy,
     )

@@ -103,6 +103,7 @@ def reservation_entry(obj: JSON, now: datetime) -> Entry:
         description=spec.description or "",
         wait_until=created_at + spec.wait if spec.wait else None,
         pod_lifetime=spec.liveness == "Pod",
+        gpus=1 if spec.gpus is None else spec.gpus,
     )
 
 

@@ -3,8 +3,10 @@
 RBAC already keeps tenants away from ``reservations/status``; the stamp covers
 everyone else who could write a status (a broad admin role, a misconfigured
 controller). Each decision's status carries ``decisionStamp`` = HMAC-SHA256 over
-the object's uid, the decision's id and its phase, keyed by a secret that only
-the operator reads (a Secret in its own namespace, created on first start).
+the object's uid, the decision's id and its phase (and, for an admission on GPU
+devices, its assignment: ``status.devices`` is what a program is told to use),
+keyed by a secret that only the operator reads (a Secret in its own namespace,
+created on first start).
 Forging a stamp requires reading that Secret, i.e. already being an admin of the
 operator's namespace; copying a stamp from another object fails because the uid
 differs. A status without a valid stamp is ignored and the reservation decided
@@ -27,11 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from headroom.api.constants import GROUP
+from headroom.objects.status import canonical_devices, recorded_devices
 
 JSON = dict[str, Any]
 KEY_FIELD = "decision-key"
@@ -61,11 +65,16 @@ class Stamper:
     def enabled(self) -> bool:
         return self._key is not None
 
-    def sign(self, uid: str, decision_id: str, phase: str) -> str | None:
+    def sign(
+        self, uid: str, decision_id: str, phase: str, devices: Mapping[str, int] | None = None
+    ) -> str | None:
+        """The stamp; without devices it is the one stamps had before devices existed."""
         if self._key is None:
             return None
-        message = f"{uid}|{decision_id}|{phase}".encode()
-        return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:40]
+        message = f"{uid}|{decision_id}|{phase}"
+        if devices:
+            message += f"|{canonical_devices(devices)}"
+        return hmac.new(self._key, message.encode(), hashlib.sha256).hexdigest()[:40]
 
     def trusted(self, obj: JSON) -> bool:
         """Whether the object's status was written by an operator holding the key."""
@@ -76,6 +85,7 @@ class Stamper:
             (obj.get("metadata") or {}).get("uid", ""),
             str(status.get("decisionID", "")),
             str(status.get("phase", "")),
+            recorded_devices(status),
         )
         return hmac.compare_digest(expected or "", str(status.get("decisionStamp", "")))
 

@@ -11,11 +11,12 @@ after it was deleted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from headroom.api.constants import API_VERSION
+from headroom.api.constants import API_VERSION, MAX_DEVICE_NAME, MAX_GPUS, MAX_MB
 from headroom.api.reasons import Phase, Reason
 from headroom.api.refs import ObjectRef
 
@@ -48,6 +49,8 @@ class Decision:
     stamp: str | None = None
     generation: int | None = None
     position: int | None = None  # while Queued: its place in its node's queue
+    #: Admitted on a node's GPU devices: device id -> MiB held there (status.devices).
+    devices: dict[str, int] = field(default_factory=dict)
 
     def matches(self, status: JSON) -> bool:
         """Whether an object's status already carries this decision."""
@@ -85,6 +88,10 @@ def status_body(decision: Decision, last_heartbeat: datetime | None = None) -> J
         status["observedGeneration"] = decision.generation
     if decision.phase == Phase.ADMITTED:
         status["admittedAt"] = timestamp(decision.at)
+        if decision.devices:
+            status["devices"] = [
+                {"id": device, "memoryMB": mib} for device, mib in sorted(decision.devices.items())
+            ]
         if last_heartbeat is not None:
             status["lastHeartbeat"] = precise(last_heartbeat)
     elif decision.phase == Phase.RECLAIMED:
@@ -138,4 +145,37 @@ def decision_of(status: JSON, at: datetime) -> Decision | None:
         stamp=status.get("decisionStamp"),
         generation=generation if isinstance(generation, int) else None,
         position=position if isinstance(position, int) else None,
+        devices=recorded_devices(status) if phase == Phase.ADMITTED else {},
     )
+
+
+def recorded_devices(status: JSON) -> dict[str, int]:
+    """The assignment an Admitted status records (``status.devices``), read totally.
+
+    An item that is not ``{id, memoryMB}`` within bounds is left out; the decision
+    stamp covers the assignment (``headroom.objects.stamp``), so a status that lost
+    or changed an item no longer verifies and is decided again.
+    """
+    items = status.get("devices")
+    if not isinstance(items, list):
+        return {}
+    devices: dict[str, int] = {}
+    for item in items[:MAX_GPUS]:
+        if not isinstance(item, dict):
+            continue
+        device, mib = item.get("id"), item.get("memoryMB")
+        if (
+            isinstance(device, str)
+            and 0 < len(device) <= MAX_DEVICE_NAME
+            and isinstance(mib, int)
+            and not isinstance(mib, bool)
+            and 0 < mib <= MAX_MB
+            and device not in devices
+        ):
+            devices[device] = mib
+    return devices
+
+
+def canonical_devices(devices: Mapping[str, int]) -> str:
+    """An assignment as one string, the same for the same devices in any order."""
+    return ",".join(f"{device}={mib}" for device, mib in sorted(devices.items()))

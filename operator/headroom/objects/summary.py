@@ -5,14 +5,32 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from headroom.api.models import NodeHeadroomStatus
+from headroom.api.models import DeviceHeadroom, NodeHeadroomStatus
 from headroom.ledger import Ledger, format_ratio
+from headroom.ledger.devices import DeviceRoom
 
 JSON = dict[str, Any]
 
 
-def headroom_status(ledger: Ledger, node: str, now: datetime) -> JSON:
-    """The ``status`` of one NodeHeadroom, validated by the same model as the CRD."""
+def device_headroom(room: DeviceRoom) -> DeviceHeadroom:
+    device = room.device
+    return DeviceHeadroom(
+        id=device.id,
+        kind=device.kind.value,
+        model=device.model or None,
+        memory_mb=device.memory_mb,
+        reserved_mb=room.held_mb,
+        free_mb=room.free_mb,
+    )
+
+
+def headroom_status(
+    ledger: Ledger, node: str, now: datetime, gpu_source: str | None = None
+) -> JSON:
+    """The ``status`` of one NodeHeadroom, validated by the same model as the CRD.
+
+    ``gpu_source``: where the node's GPU inventory was read (the ledger holds the
+    devices, not their provenance)."""
     s = ledger.node_summary(node, now)
     status = NodeHeadroomStatus(
         capacity_known=s.capacity_known,
@@ -35,6 +53,10 @@ def headroom_status(ledger: Ledger, node: str, now: datetime) -> JSON:
         stale_window_seconds=max(
             int(ledger.limits_for(node).heartbeat_stale_window.total_seconds()), 1
         ),
+        gpu_source=gpu_source if s.devices is not None else None,
+        gpu_policy=str(s.gpu_policy) if s.devices is not None else None,
+        largest_free_device_mb=s.largest_free_device_mb,
+        devices=None if s.devices is None else [device_headroom(room) for room in s.devices],
     )
     # Absent optional figures are written as null so a merge patch clears them.
     dumped: JSON = status.model_dump(by_alias=True, mode="json", exclude={"updated_at"})
