@@ -35,7 +35,7 @@ T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 
 def annotated(**annotations: str) -> dict[str, Any]:
     keys = {"ram": "headroom.dev/ram", "vram": "headroom.dev/vram"}
-    keys |= {"wait": "headroom.dev/wait", "node": "headroom.dev/node"}
+    keys |= {"wait": "headroom.dev/wait", "node": "headroom.dev/node", "gpus": "headroom.dev/gpus"}
     return {"metadata": {"annotations": {keys[k]: v for k, v in annotations.items()}}}
 
 
@@ -53,6 +53,8 @@ def annotated(**annotations: str) -> dict[str, Any]:
         ({"ram": "1Ki"}, PodClaim(1)),  # never smaller than asked
         ({"ram": "1Gi", "wait": "10m"}, PodClaim(1024, wait=timedelta(minutes=10))),
         ({"ram": "1Gi", "node": "gpu-1.example"}, PodClaim(1024, node="gpu-1.example")),
+        ({"vram": "100Gi", "gpus": "2"}, PodClaim(0, 102400, gpus=2)),
+        ({"vram": "100Gi", "gpus": "0"}, PodClaim(0, 102400, gpus=0)),
     ],
 )
 def test_a_claim_reads_quantities_and_plain_mib(
@@ -74,6 +76,9 @@ def test_a_claim_reads_quantities_and_plain_mib(
         ({"ram": "1Gi", "wait": "48h"}, "annotation headroom.dev/wait: duration '48h'"),
         ({"ram": "1Gi", "wait": "soon"}, "annotation headroom.dev/wait: not a duration"),
         ({"ram": "1Gi", "node": "Node_1"}, "annotation headroom.dev/node: not a Node name"),
+        ({"vram": "1Gi", "gpus": "two"}, "annotation headroom.dev/gpus: "),
+        ({"vram": "1Gi", "gpus": "-1"}, "annotation headroom.dev/gpus: "),
+        ({"vram": "1Gi", "gpus": "1025"}, "annotation headroom.dev/gpus: "),
     ],
 )
 def test_a_bad_claim_names_the_annotation_and_the_value(
@@ -83,7 +88,9 @@ def test_a_bad_claim_names_the_annotation_and_the_value(
         pod_claim(annotated(**annotations))
 
 
-@given(st.dictionaries(st.sampled_from(["ram", "vram", "wait", "node"]), st.text(max_size=40)))
+@given(
+    st.dictionaries(st.sampled_from(["ram", "vram", "wait", "node", "gpus"]), st.text(max_size=40))
+)
 def test_any_annotation_text_is_a_claim_or_a_named_refusal(annotations: dict[str, str]) -> None:
     try:
         claim = pod_claim(annotated(**annotations))
@@ -204,6 +211,21 @@ def test_one_patch_pins_names_and_ungates(affinity: dict[str, Any] | None) -> No
     assert not may_run_on(after, NodeFacts("gpu-9", {"pool": "gpu", "gpus": "1"}))
 
 
+def test_the_devices_of_the_admission_are_annotated_in_the_same_patch() -> None:
+    devices = {"GPU-b": 40960, "GPU-a": 40960}
+    annotated_pod = pod(**GATED)
+    annotated_pod["metadata"]["annotations"] = {"team": "ml"}
+    for before in (pod(**GATED), annotated_pod):
+        operations = ungate_patch(before, "gpu-1", "p", devices)
+        assert operations is not None
+        after = apply_json_patch(before, operations)
+        assert after["metadata"]["annotations"]["headroom.dev/devices"] == "GPU-a,GPU-b"
+        assert after["metadata"]["annotations"][RESERVATION_ANNOTATION] == "p"
+        assert not is_gated(after)
+    without = apply_json_patch(pod(**GATED), ungate_patch(pod(**GATED), "gpu-1", "p") or [])
+    assert "headroom.dev/devices" not in without["metadata"]["annotations"]
+
+
 def test_the_patch_lands_only_on_the_same_pod_with_our_gate() -> None:
     before = pod(**GATED)
     operations = ungate_patch(before, "gpu-1", "p")
@@ -223,7 +245,7 @@ def test_the_patch_lands_only_on_the_same_pod_with_our_gate() -> None:
 def test_a_pods_reservation_is_owned_by_it_and_lives_with_it() -> None:
     body = pod_reservation(
         {"metadata": {"name": "p", "namespace": "ml", "uid": "u1"}},
-        PodClaim(1024, 2048, None, None),
+        PodClaim(1024, 2048, None, None, gpus=2),
         "gpu-1",
     )
     assert (body["metadata"]["name"], body["metadata"]["namespace"]) == ("p", "ml")
@@ -233,6 +255,7 @@ def test_a_pods_reservation_is_owned_by_it_and_lives_with_it() -> None:
         "node": "gpu-1",
         "ramMB": 1024,
         "vramMB": 2048,
+        "gpus": 2,
         "owner": {"pod": "p", "surface": "pod"},
         "liveness": "Pod",
         "wait": "86400s",

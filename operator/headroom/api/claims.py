@@ -9,7 +9,9 @@ other pod) and says what it needs in annotations:
   a claim must never be smaller than what was asked; at least one above 0;
 - ``headroom.dev/wait``: how long the pod may wait for room (a Go duration, at most
   24h, as ``spec.wait``); absent, it waits as long as it stays gated;
-- ``headroom.dev/node``: the one node it may use.
+- ``headroom.dev/node``: the one node it may use;
+- ``headroom.dev/gpus``: over how many GPU devices its VRAM is spread (a whole
+  number, 0 to 1024, as ``spec.gpus``; absent: 1).
 
 The webhook refuses a pod whose annotations do not parse, naming the annotation and
 the value; the operator reads them with the same function, so the two can never
@@ -26,6 +28,8 @@ from typing import Any
 from headroom.api.constants import (
     CLAIM_LABEL,
     GO_DURATION,
+    GPUS_ANNOTATION,
+    MAX_GPUS,
     MAX_MB,
     MAX_WAIT,
     NODE_ANNOTATION,
@@ -33,7 +37,7 @@ from headroom.api.constants import (
     VRAM_ANNOTATION,
     WAIT_ANNOTATION,
 )
-from headroom.api.parse import InvalidValueError, memory_mib, parse_duration, shown
+from headroom.api.parse import InvalidValueError, memory_mib, parse_duration, parse_int, shown
 
 _PLAIN_MIB = re.compile(r"\d{1,10}")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -47,6 +51,7 @@ class PodClaim:
     vram_mb: int = 0
     wait: timedelta | None = None
     node: str | None = None
+    gpus: int | None = None  # None: the Reservation's default (1)
 
 
 def is_claim_pod(obj: Any) -> bool:
@@ -69,7 +74,7 @@ def pod_claim(obj: Any) -> PodClaim:
             f"(got {shown(annotations.get(RAM_ANNOTATION))} and "
             f"{shown(annotations.get(VRAM_ANNOTATION))})"
         )
-    return PodClaim(ram, vram, _wait(annotations), _node(annotations))
+    return PodClaim(ram, vram, _wait(annotations), _node(annotations), _gpus(annotations))
 
 
 def _mib(annotations: dict[str, Any], key: str) -> int:
@@ -107,3 +112,10 @@ def _node(annotations: dict[str, Any]) -> str | None:
     if not isinstance(raw, str) or len(raw) > 253 or not _DNS_SUBDOMAIN.fullmatch(raw):
         raise InvalidValueError(f"annotation {NODE_ANNOTATION}: not a Node name: {shown(raw)}")
     return raw
+
+
+def _gpus(annotations: dict[str, Any]) -> int | None:
+    raw = annotations.get(GPUS_ANNOTATION)
+    if raw is None:
+        return None
+    return parse_int(raw, f"annotation {GPUS_ANNOTATION}", 0, MAX_GPUS)

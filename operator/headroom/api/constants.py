@@ -30,8 +30,12 @@ VRAM_ANNOTATION = f"{GROUP}/vram"
 #: How long a gated pod may wait for room (a Go duration); and a fixed node.
 WAIT_ANNOTATION = f"{GROUP}/wait"
 NODE_ANNOTATION = f"{GROUP}/node"
+#: Over how many GPU devices a gated pod's VRAM is spread (spec.gpus).
+GPUS_ANNOTATION = f"{GROUP}/gpus"
 #: The name of the Reservation that holds a gated pod's memory, set when it is ungated.
 RESERVATION_ANNOTATION = f"{GROUP}/reservation"
+#: The GPU devices a gated pod's VRAM was admitted on (comma-separated ids), set with it.
+DEVICES_ANNOTATION = f"{GROUP}/devices"
 #: The scheduling gate a claiming pod is created behind, removed when it is admitted.
 SCHEDULING_GATE = f"{GROUP}/admission"
 #: Per-node overrides of the limits, as Node annotations.

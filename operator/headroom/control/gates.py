@@ -420,7 +420,8 @@ class Gates:
         self.reservation_gone(uid)
 
     async def _ungate(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
-        operations = ungate_patch(seen.obj, record.node, record.name)
+        devices = record.decision.devices
+        operations = ungate_patch(seen.obj, record.node, record.name, devices)
         if operations is None:
             return
         try:
@@ -431,7 +432,7 @@ class Gates:
             current = await self._fresh(key)
             same = current is not None and (current.get("metadata") or {}).get("uid") == seen.uid
             if same and current is not None and is_gated(current) and error.status != 409:
-                if ungate_patch(current, record.node, record.name) != operations:
+                if ungate_patch(current, record.node, record.name, devices) != operations:
                     # Sent from a stale view (another controller moved the gates, say):
                     # not a refusal. Again, from the pod as it is now.
                     self._stirred.add(key)
@@ -444,7 +445,10 @@ class Gates:
         seen.obj = pod
         if seen.gated_at is not None:
             self._telemetry.ungated(self._clock.monotonic() - seen.gated_at)
-        self._say(seen, "Admitted", f"pinned to node {record.node}; reservation {record.name}")
+        on = f"; GPU devices {','.join(sorted(devices))}" if devices else ""
+        self._say(
+            seen, "Admitted", f"pinned to node {record.node}; reservation {record.name}{on}"
+        )
 
     async def _fresh(self, key: PodKey) -> JSON | None:
         try:

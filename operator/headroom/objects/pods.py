@@ -20,6 +20,7 @@ someone else moved the gates.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from headroom.api.claims import PodClaim
 from headroom.api.constants import (
     API_VERSION,
+    DEVICES_ANNOTATION,
     MAX_WAIT,
     RESERVATION_ANNOTATION,
     SCHEDULING_GATE,
@@ -178,6 +180,8 @@ def pod_reservation(pod: JSON, claim: PodClaim, node: str) -> JSON:
     }
     if claim.vram_mb:
         spec["vramMB"] = claim.vram_mb
+    if claim.gpus is not None:
+        spec["gpus"] = claim.gpus
     return {
         "apiVersion": API_VERSION,
         "kind": "Reservation",
@@ -216,8 +220,11 @@ def owning_pod_uid(reservation: JSON) -> str | None:
 # -- ungating ---------------------------------------------------------------------------------
 
 
-def ungate_patch(pod: JSON, node: str, reservation: str) -> list[JSON] | None:
-    """One JSON patch: pin to ``node``, name the reservation, remove our gate.
+def ungate_patch(
+    pod: JSON, node: str, reservation: str, devices: Mapping[str, int] | None = None
+) -> list[JSON] | None:
+    """One JSON patch: pin to ``node``, name the reservation (and the GPU devices it
+    was admitted on, for the pod's program to use), remove our gate.
     None when our gate is not there (nothing to do)."""
     index = _gate_index(pod)
     if index is None:
@@ -230,11 +237,14 @@ def ungate_patch(pod: JSON, node: str, reservation: str) -> list[JSON] | None:
         {"op": "remove", "path": gate_path},
         *_pin(spec, node),
     ]
+    told = {RESERVATION_ANNOTATION: reservation}
+    if devices:
+        told[DEVICES_ANNOTATION] = ",".join(sorted(devices))
     if meta.get("annotations"):
-        path = f"/metadata/annotations/{_pointer(RESERVATION_ANNOTATION)}"
-        ops.append(_add(path, reservation))
+        for key, value in told.items():
+            ops.append(_add(f"/metadata/annotations/{_pointer(key)}", value))
     else:
-        ops.append(_add("/metadata/annotations", {RESERVATION_ANNOTATION: reservation}))
+        ops.append(_add("/metadata/annotations", told))
     return ops
 
 
