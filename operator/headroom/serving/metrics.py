@@ -78,12 +78,31 @@ class LedgerCollector(Collector):
         utilization = GaugeMetricFamily(
             f"{PREFIX}_node_utilization_ratio", "Reserved / total RAM on the node.", labels=["node"]
         )
+        labels = ["node", "device", "kind"]
+        device_memory = GaugeMetricFamily(
+            f"{PREFIX}_device_memory_mb", "Memory of a GPU device, MiB.", labels=labels
+        )
+        device_reserved = GaugeMetricFamily(
+            f"{PREFIX}_device_reserved_mb", "VRAM admitted on a GPU device, MiB.", labels=labels
+        )
+        device_free = GaugeMetricFamily(
+            f"{PREFIX}_device_free_mb",
+            "VRAM still free on a GPU device, MiB (absent when unlimited).",
+            labels=labels,
+        )
         for node in summary.nodes:
             for key, (_, attribute) in per_node.items():
                 families[key].add_metric([node.node], float(getattr(node, attribute) or 0))
             utilization.add_metric([node.node], node.utilization_pct / 100)
+            for room in node.devices or ():
+                device = [node.node, room.device.id, room.device.kind.value]
+                device_memory.add_metric(device, float(room.device.memory_mb))
+                device_reserved.add_metric(device, float(room.held_mb))
+                if room.free_mb is not None:
+                    device_free.add_metric(device, float(room.free_mb))
         yield from families.values()
         yield utilization
+        yield from (device_memory, device_reserved, device_free)
 
 
 class EventsCollector(Collector):
