@@ -81,6 +81,9 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("wait-days", with_spec(wait="2d"), "spec.wait"),
     ("wait-not-a-duration", with_spec(wait="soon"), "spec.wait"),
     ("wait-number", with_spec(wait=600), "spec.wait"),
+    ("gpus-negative", with_spec(gpus=-1), "spec.gpus"),
+    ("gpus-absurd", with_spec(gpus=1025), "spec.gpus"),
+    ("gpus-string", with_spec(gpus="2"), "spec.gpus"),
     ("spec-missing", {k: v for k, v in VALID.items() if k != "spec"}, "spec: Required value"),
     ("spec-not-object", {**VALID, "spec": "8Gi please"}, "spec"),
 ]
@@ -170,7 +173,10 @@ def test_printer_columns(crds: list[str], kubectl: Kubectl, namespace: str) -> N
         "ENTRIES",
         "STALE",
         "QUEUED",
+        "GPU-FREE",  # the largest free device: the biggest one-GPU claim that fits
     ]
+    wide = kubectl("get", "rsv", "-n", namespace, "-o", "wide").stdout.splitlines()[0].split()
+    assert wide[4] == "GPUS", wide
     kubectl("delete", "nodeheadroom", name)
 
 
