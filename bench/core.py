@@ -4,6 +4,9 @@ The same loop runs against a ledger that already holds N entries; the ratio of
 the two rates shows whether the cost depends on the size (it must not: the
 ledger keeps per-node aggregates instead of summing on each call).
 
+B5-gpu: the same pairs with 10 GiB of VRAM on nodes with 8 × 80 GiB GPU devices,
+each admitted per device (issue 20), as a ratio to the RAM-only pairs at 100.
+
     python bench/core.py [--pairs 200000] [--repeats 5] [--json PATH]
 
 Each row is printed, and the JSON file rewritten atomically, as soon as it is
@@ -24,6 +27,7 @@ from typing import Any
 
 from report import write_json
 
+from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
 from headroom.ledger import Entry, Ledger, Owner
 
@@ -31,10 +35,15 @@ NODES = 100
 T0 = datetime(2026, 12, 2, tzinfo=UTC)
 
 
-def filled(active: int) -> Ledger:
+GPUS = tuple(GpuDevice(f"GPU-{i}", 80 * 1024) for i in range(8))
+
+
+def filled(active: int, *, gpus: bool = False) -> Ledger:
     ledger = Ledger(Limits(max_entries_per_node=10**6, heartbeat_stale_window=timedelta(days=1)))
     for i in range(NODES):
-        ledger.set_node_capacity(f"node-{i}", 1 << 30)
+        ledger.set_node_capacity(f"node-{i}", 1 << 30, 8 * 80 * 1024 if gpus else None)
+        if gpus:
+            ledger.set_node_devices(f"node-{i}", GPUS)
     owner = Owner()
     for i in range(active):
         entry = Entry(f"held/{i}", f"node-{i % NODES}", 1, T0, T0, owner=owner)
@@ -42,10 +51,11 @@ def filled(active: int) -> Ledger:
     return ledger
 
 
-def pairs_per_second(ledger: Ledger, pairs: int) -> float:
+def pairs_per_second(ledger: Ledger, pairs: int, *, vram_mb: int = 0) -> float:
     owner = Owner()
     entries = [
-        Entry(f"bench/{i}", f"node-{i % NODES}", 64, T0, T0, owner=owner) for i in range(pairs)
+        Entry(f"bench/{i}", f"node-{i % NODES}", 64, T0, T0, vram_mb=vram_mb, owner=owner)
+        for i in range(pairs)
     ]
     reserve, release = ledger.reserve, ledger.release
     start = time.perf_counter()
@@ -55,9 +65,10 @@ def pairs_per_second(ledger: Ledger, pairs: int) -> float:
     return pairs / (time.perf_counter() - start)
 
 
-def measure(active: int, pairs: int, repeats: int) -> dict[str, float]:
-    ledger = filled(active)
-    rates = [pairs_per_second(ledger, pairs) for _ in range(repeats)]
+def measure(active: int, pairs: int, repeats: int, *, gpus: bool = False) -> dict[str, float]:
+    ledger = filled(active, gpus=gpus)
+    vram = 10 * 1024 if gpus else 0
+    rates = [pairs_per_second(ledger, pairs, vram_mb=vram) for _ in range(repeats)]
     return {
         "active": active,
         "median": statistics.median(rates),
@@ -74,9 +85,9 @@ def main() -> int:
     args = parser.parse_args()
     result: dict[str, Any] = {"id": "B5"}
     print(f"{'active entries':>15} {'pairs/s (median)':>18} {'min':>10} {'max':>10}", flush=True)
-    for key, active in (("small", 100), ("large", 100_000)):
+    for key, active in (("small", 100), ("large", 100_000), ("gpu", 100)):
         try:
-            row = measure(active, args.pairs, args.repeats)
+            row = measure(active, args.pairs, args.repeats, gpus=key == "gpu")
         except Exception as error:
             traceback.print_exc()
             result["errors"] = [
@@ -99,6 +110,8 @@ def main() -> int:
             write_json(args.json, result)
     result["ratio"] = ratio = result["small"]["median"] / result["large"]["median"]
     print(f"ratio (100 / 100,000): {ratio:.2f}  (target ≤ 1.5; ≥ 200,000 pairs/s)")
+    result["gpu_ratio"] = gpu = result["gpu"]["median"] / result["small"]["median"]
+    print(f"B5-gpu: per-device pairs on 8 × 80 GiB nodes / RAM-only pairs: {gpu:.2f}")
     if args.json:
         write_json(args.json, result)
     return 0

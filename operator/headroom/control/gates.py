@@ -446,9 +446,7 @@ class Gates:
         if seen.gated_at is not None:
             self._telemetry.ungated(self._clock.monotonic() - seen.gated_at)
         on = f"; GPU devices {','.join(sorted(devices))}" if devices else ""
-        self._say(
-            seen, "Admitted", f"pinned to node {record.node}; reservation {record.name}{on}"
-        )
+        self._say(seen, "Admitted", f"pinned to node {record.node}; reservation {record.name}{on}")
 
     async def _fresh(self, key: PodKey) -> JSON | None:
         try:

@@ -59,6 +59,11 @@ class Ledger:
         self._failures: Counter[Reason] = Counter()
         self.waiting = WaitQueues()
         self.pods = PodRequests()
+        # The last device choice, reused while nothing it depends on changed: a decision
+        # asks "does it fit?" and then "where?" of the same entry, back to back.
+        self._changes = 0  # bumped by every change to holdings, devices or limits
+        self._chosen: tuple[Entry, int, device_math.Assignment | device_math.DeviceRefusal]
+        self._chosen = (Entry("", "", 0, datetime.min, datetime.min), -1, {})
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
 
@@ -99,6 +104,7 @@ class Ledger:
     ) -> None:
         """Node added or resized. Never evicts: a shrink below reserved is over-commitment."""
         state = self._node(node)
+        self._changes += 1
         old_window = state.limits.heartbeat_stale_window
         state.total_ram_mb, state.vram_mb = total_ram_mb, vram_mb
         state.limits = limits or self.limits
@@ -116,11 +122,13 @@ class Ledger:
         placed now, oldest first, so that new claims see them.
         """
         state = self._node(node)
+        self._changes += 1
         state.devices = devices
         if devices is not None:
             self._place_unassigned(state)
 
     def _place_unassigned(self, state: NodeState) -> None:
+        self._changes += 1
         unplaced = [e for e in state.entries.values() if state.on_devices(e) and not e.devices]
         for entry in sorted(unplaced, key=lambda e: (e.created_at, e.id)):
             entry.devices = self._forced_assignment(state, entry)
@@ -156,6 +164,7 @@ class Ledger:
             return
         if state.entries:
             old_window = state.limits.heartbeat_stale_window
+            self._changes += 1
             state.total_ram_mb = state.vram_mb = state.devices = None
             state.limits = self.limits
             if state.limits.heartbeat_stale_window < old_window:
@@ -186,7 +195,7 @@ class Ledger:
             self._failures[reason] += 1
             return Decision(False, reason, message, entry)
         state = self._node(entry.node)
-        chosen = state.choose(entry) if state.on_devices(entry) else {}
+        chosen = self._choice(state, entry) if state.on_devices(entry) else {}
         assert isinstance(chosen, dict), "a claim that fits has devices"
         entry.devices = chosen
         self._add(state, entry)
@@ -357,12 +366,22 @@ class Ledger:
                 f"− reserved {state.reserved_vram_mb})"
             )
         if state.on_devices(entry):
-            choice = state.choose(entry)
+            choice = self._choice(state, entry)
             if isinstance(choice, device_math.DeviceRefusal):
                 return Reason.INSUFFICIENT_VRAM, choice.message(node)
         return None
 
+    def _choice(
+        self, state: NodeState, entry: Entry
+    ) -> device_math.Assignment | device_math.DeviceRefusal:
+        last_entry, changes, choice = self._chosen
+        if last_entry is not entry or changes != self._changes:
+            choice = state.choose(entry)
+            self._chosen = (entry, self._changes, choice)
+        return dict(choice) if isinstance(choice, dict) else choice
+
     def _add(self, state: NodeState, entry: Entry) -> None:
+        self._changes += 1
         state.add(entry)
         self._entries[entry.id] = entry
         self._reserved_mb += entry.ram_mb
@@ -384,6 +403,7 @@ class Ledger:
         heapq.heapify(self._deadlines)
 
     def _remove(self, entry_id: str) -> Entry:
+        self._changes += 1
         entry = self._entries.pop(entry_id)
         self._live.pop(entry_id, None)
         state = self._nodes[entry.node]
