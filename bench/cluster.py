@@ -85,12 +85,15 @@ def ns_path(namespace: str, name: str | None = None, sub: str = "") -> str:
     return f"{path}/{sub}" if sub else path
 
 
-def body(name: str, node: str, ram: int) -> JSON:
+def body(name: str, node: str, ram: int, vram: int = 0) -> JSON:
+    spec: JSON = {"node": node, "ramMB": ram}
+    if vram:
+        spec["vramMB"] = vram
     return {
         "apiVersion": "headroom.dev/v1alpha1",
         "kind": "Reservation",
         "metadata": {"name": name},
-        "spec": {"node": node, "ramMB": ram},
+        "spec": spec,
     }
 
 
@@ -293,6 +296,7 @@ class Bench:
         ram: int,
         concurrency: int = 64,
         prefix: str = "r",
+        vram: int = 0,
     ) -> list[float]:
         started: list[float] = [0.0] * count
         created = 0
@@ -301,7 +305,7 @@ class Bench:
             nonlocal created
             started[i] = time.monotonic()
             name = f"{prefix}{i:05d}"
-            rsv = body(name, self.nodes[i % len(self.nodes)], ram)
+            rsv = body(name, self.nodes[i % len(self.nodes)], ram, vram)
             await persist(lambda: client.create(ns_path(namespace), rsv), name, landed=409)
             created += 1
 
