@@ -203,8 +203,12 @@ def test_slices_followed_by_the_watch_mig_devices_and_a_pool_mid_update(
     for body in bumped:
         body["spec"]["pool"]["resourceSliceCount"] = 2
     slices(bumped[0])
-    rsv.create(custom, namespace, "during-update", pooled, 16, 40 * GIB)
-    assert decided(custom, namespace, "during-update")[:2] == ("Admitted", "Fits")
+    # Enforced on generation 1 still: not unknown (which would admit anything), and not
+    # the one 80 GiB device of generation 2 seen so far (which would admit this).
+    rsv.create(custom, namespace, "during-update", pooled, 16, 41 * GIB)
+    phase, reason, message = decided(custom, namespace, "during-update")
+    assert (phase, reason) == ("Rejected", "InsufficientVRAM")
+    assert f"needs 1 device with {41 * GIB} MiB free" in message
     assert vram_capacity(custom, pooled) == 2 * 40 * GIB
     slices(bumped[1])
     wait_vram(custom, pooled, 2 * 80 * GIB)  # the old generation is ignored
