@@ -4,10 +4,10 @@ Start-up order is the safety argument. :meth:`Controller.start` lists every
 Node, every node-local ResourceSlice (the GPU inventory), every labelled owner
 Pod and every Reservation (paged) and rebuilds the ledger from the admitted ones
 *before* the decider starts, so no decision is ever taken against a ledger that
-lacks an admitted reservation, or before a node's devices are known (a restored
-claim keeps the devices it recorded). Then it follows them with its own WATCHes
-from those lists' resourceVersions (no gap, no replay; ``headroom.kube.watch``
-says why not kopf).
+lacks an admitted reservation, and no reservation is restored or decided before
+its node's GPU devices are known. Then it follows them with its own WATCHes from
+those lists' resourceVersions (no gap, no replay; ``headroom.kube.watch`` says
+why not kopf).
 
 Level-triggered: every path that brings a Reservation ends in the same
 reconcile (``headroom.control.reconcile``); this module wires the parts
