@@ -10,16 +10,20 @@ from typing import Any, cast
 
 import pytest
 
-from headroom.api.config import parse_config
+from headroom.api.config import OperatorConfig, parse_config
 from headroom.api.gpus import GpuPolicy
 from headroom.api.limits import Limits
+from headroom.api.paths import NODES, RESERVATIONS, RESOURCE_SLICES
 from headroom.api.refs import ObjectRef
+from headroom.control.controller import Controller
 from headroom.control.nodes import Nodes
 from headroom.control.slices import Slices
 from headroom.control.state import State
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, Transport
 from headroom.ledger import Entry, Owner
+from headroom_dev.sim.fakeapi import FakeApiServer
+from headroom_dev.sim.loop import VirtualClock, run_virtual
 
 DRIVER = "gpu.nvidia.com"
 NOW = datetime(2026, 12, 5, tzinfo=UTC)
@@ -251,3 +255,39 @@ def test_node_annotations_set_the_policy_the_ledger_uses() -> None:
     world.nodes.on_node(None, a_node("n1", **{"headroom.dev/gpu-policy": "spread"}))
     assert world.state.ledger.limits_for("n1").gpu_policy == GpuPolicy.SPREAD
     assert world.state.ledger.limits_for("n1") != Limits()
+
+
+class Recording:
+    """A transport that notes the paths listed, in order, and passes everything on."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.listed = inner, []
+
+    async def list_page(self, path: str, **kwargs: Any) -> JSON:
+        self.listed.append(path)
+        result: JSON = await self.inner.list_page(path, **kwargs)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_the_rebuild_reads_slices_after_nodes_and_before_reservations() -> None:
+    """No reservation is restored or decided before its node's devices are known; an API
+    server without resource.k8s.io/v1 (the fake: 404) does not stop the rebuild."""
+
+    async def scenario() -> None:
+        server = FakeApiServer(seed=3)
+        server.put_node("n1", memory=8192)
+        server.create_reservation("ns", "r", "n1", 1024)
+        transport = Recording(server.client("operator"))
+        controller = Controller(
+            OperatorConfig(), cast(Transport, transport), clock=VirtualClock(), follow_watches=False
+        )
+        versions = await controller.rebuild()
+        assert versions[-1] is None  # not served: the watch waits for a resync
+        order = [p for p in transport.listed if p in (NODES, RESOURCE_SLICES, RESERVATIONS)]
+        assert order == [NODES, RESOURCE_SLICES, RESERVATIONS]
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=60)
