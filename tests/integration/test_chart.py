@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 from subprocess import CompletedProcess
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from headroom.api.config import parse_config
 from headroom.cli import _parser
 from headroom_dev import reservations as rsv
 from headroom_dev.apply import api_client
@@ -113,6 +115,9 @@ def test_non_default_render() -> None:
         "serviceMonitor.enabled=true",
         "crds.install=false",
         "metrics.port=9090",
+        'config.limits.gpuPolicy="spread"',
+        "config.limits.maxVramOvercommitRatio=1.25",
+        'config.gpus.draDrivers=["gpu.nvidia.com", "gpu.example.org"]',
     )
     kinds = {d["kind"] for d in docs}
     assert "CustomResourceDefinition" not in kinds
@@ -122,6 +127,10 @@ def test_non_default_render() -> None:
     )
     assert config["limits"]["maxOvercommitRatio"] == 1.5
     assert config["metricsPort"] == 9090
+    parsed = parse_config(yaml.safe_dump(config))
+    assert parsed.limits.gpu_policy == "spread"
+    assert parsed.limits.max_vram_overcommit_ratio == Fraction(5, 4)
+    assert parsed.gpus.dra_drivers == ("gpu.nvidia.com", "gpu.example.org")
     dashboard = next(d for d in docs if d["metadata"]["name"] == "headroom-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
 
@@ -243,6 +252,9 @@ def test_webhook_render() -> None:
         ("config.limits.systemReserveMb=5", "systemReserveMb"),
         ("config.sweepPeriod=soon", "sweepPeriod"),
         ("config.ramSource=swap", "ramSource"),
+        ("config.limits.gpuPolicy=pack", "gpuPolicy"),
+        ("config.limits.maxVramOvercommitRatio=-1", "maxVramOvercommitRatio"),
+        ("config.gpus.draDrivers[0]=GPU_NVIDIA", "/config/gpus/draDrivers/0"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("replicas=3", "replicas"),
         ("metrics.port=0", "port"),
@@ -406,7 +418,7 @@ def test_the_webhook_certificate_works_with_only_the_charts_rbac(
         published()
 
 
-@pytest.mark.parametrize("resource", ["reservations/status", "reservations"])
+@pytest.mark.parametrize("resource", ["reservations/status", "reservations", "resourceslices"])
 def test_a_rule_is_necessary(
     installed: None,
     control_plane: ControlPlane,

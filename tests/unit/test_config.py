@@ -8,6 +8,8 @@ from fractions import Fraction
 import pytest
 
 from headroom.api.config import ConfigError, parse_config
+from headroom.api.constants import DEFAULT_DRA_DRIVERS, MAX_DRA_DRIVERS
+from headroom.api.gpus import GpuPolicy
 from headroom.api.parse import parse_duration
 
 
@@ -89,3 +91,45 @@ def test_the_webhook_is_off_by_default_and_its_certificate_settings_are_checked(
         with pytest.raises(ConfigError) as error:
             parse_config(text, "f.yaml")
         assert named in str(error.value), text
+
+
+def test_gpu_settings_default_and_are_read() -> None:
+    config = parse_config("")
+    assert config.limits.max_vram_overcommit_ratio == 1
+    assert config.limits.gpu_policy == GpuPolicy.BINPACK
+    assert config.gpus.dra_drivers == DEFAULT_DRA_DRIVERS == ("gpu.nvidia.com",)
+    limits = config.limits.to_limits()
+    assert (limits.max_vram_overcommit_ratio, limits.gpu_policy) == (1, GpuPolicy.BINPACK)
+
+    config = parse_config(
+        "limits: {maxVramOvercommitRatio: '1.25', gpuPolicy: spread}\n"
+        "gpus: {draDrivers: [gpu.nvidia.com, gpu.example.org]}"
+    )
+    limits = config.limits.to_limits()
+    assert limits.max_vram_overcommit_ratio == Fraction(5, 4)
+    assert limits.gpu_policy == GpuPolicy.SPREAD
+    assert config.gpus.dra_drivers == ("gpu.nvidia.com", "gpu.example.org")
+    assert parse_config("gpus: {draDrivers: []}").gpus.dra_drivers == ()
+    assert parse_config("limits: {maxVramOvercommitRatio: 0}").limits.max_vram_overcommit_ratio == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("limits: {maxVramOvercommitRatio: -1}", "limits.maxVramOvercommitRatio"),
+        ("limits: {maxVramOvercommitRatio: lots}", "limits.maxVramOvercommitRatio"),
+        ("limits: {maxVramOvercommitRatio: 101}", "limits.maxVramOvercommitRatio"),
+        ("limits: {gpuPolicy: pack}", "limits.gpuPolicy"),
+        ("limits: {gpuPolicy: 1}", "limits.gpuPolicy"),
+        ("gpus: {draDrivers: gpu.nvidia.com}", "gpus.draDrivers"),
+        ("gpus: {draDrivers: [GPU_NVIDIA]}", "gpus.draDrivers.0"),
+        ("gpus: {draDrivers: ['']}", "gpus.draDrivers.0"),
+        (f"gpus: {{draDrivers: [{'a' * 254}]}}", "gpus.draDrivers.0"),
+        (f"gpus: {{draDrivers: [{', '.join(['d'] * (MAX_DRA_DRIVERS + 1))}]}}", "gpus.draDrivers"),
+        ("gpus: {drivers: [gpu.nvidia.com]}", "gpus.drivers"),
+    ],
+)
+def test_bad_gpu_settings_name_the_field(text: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=r"f\.yaml") as error:
+        parse_config(text, "f.yaml")
+    assert named in str(error.value)

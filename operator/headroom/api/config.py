@@ -28,12 +28,16 @@ from pydantic import (
 )
 
 from headroom.api.constants import (
+    DEFAULT_DRA_DRIVERS,
     DEFAULT_MAX_ENTRIES_PER_NODE,
     DEFAULT_SYSTEM_RESERVE_MB,
+    MAX_DRA_DRIVERS,
     MAX_ENTRIES_PER_NODE,
     MAX_MB,
 )
+from headroom.api.gpus import GpuPolicy
 from headroom.api.limits import Limits
+from headroom.api.models import DNS_SUBDOMAIN
 from headroom.api.parse import parse_duration, parse_ratio, shown
 
 #: Short timers (sweeps, summaries, lease retries) may be fast, but not a busy loop.
@@ -43,6 +47,8 @@ FastDuration = Annotated[
 #: Windows and periods that are meant in seconds or more.
 Duration = Annotated[timedelta, BeforeValidator(partial(parse_duration, low=timedelta(seconds=1)))]
 Ratio = Annotated[Fraction, BeforeValidator(parse_ratio)]
+#: A DRA driver's name, as ``spec.driver`` of a ResourceSlice spells it.
+DriverName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 
 
 class LimitsConfig(BaseModel):
@@ -58,6 +64,16 @@ class LimitsConfig(BaseModel):
     max_entries_per_node: StrictInt = Field(
         DEFAULT_MAX_ENTRIES_PER_NODE, alias="maxEntriesPerNode", ge=1, le=MAX_ENTRIES_PER_NODE
     )
+    max_vram_overcommit_ratio: Ratio = Field(
+        Fraction(1),
+        alias="maxVramOvercommitRatio",
+        description="Reserved/total memory allowed on each GPU device (and a node's VRAM sum).",
+    )
+    gpu_policy: GpuPolicy = Field(
+        GpuPolicy.BINPACK,
+        alias="gpuPolicy",
+        description="binpack: a claim goes on the fullest device it fits; spread: the emptiest.",
+    )
 
     def to_limits(self) -> Limits:
         return Limits(
@@ -65,7 +81,25 @@ class LimitsConfig(BaseModel):
             system_reserve_mb=self.system_reserve_mb,
             heartbeat_stale_window=self.heartbeat_stale_window,
             max_entries_per_node=self.max_entries_per_node,
+            max_vram_overcommit_ratio=self.max_vram_overcommit_ratio,
+            gpu_policy=self.gpu_policy,
         )
+
+
+class GpusConfig(BaseModel):
+    """Where a node's GPU devices are read (see ``headroom.objects.gpus``)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    dra_drivers: tuple[DriverName, ...] = Field(
+        DEFAULT_DRA_DRIVERS,
+        alias="draDrivers",
+        max_length=MAX_DRA_DRIVERS,
+        description=(
+            "DRA drivers whose node-local ResourceSlices are read as GPU devices; "
+            "empty: ResourceSlices are not read (HAMi or GFD only)."
+        ),
+    )
 
 
 class LeaderElectionConfig(BaseModel):
@@ -189,6 +223,7 @@ class OperatorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    gpus: GpusConfig = Field(default_factory=GpusConfig)
     ram_source: Literal["allocatable", "capacity"] = Field(
         "allocatable",
         alias="ramSource",

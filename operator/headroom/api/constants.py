@@ -42,6 +42,8 @@ SCHEDULING_GATE = f"{GROUP}/admission"
 RATIO_ANNOTATION = f"{GROUP}/max-overcommit-ratio"
 RESERVE_ANNOTATION = f"{GROUP}/system-reserve-mb"
 ENTRIES_ANNOTATION = f"{GROUP}/max-entries"
+VRAM_RATIO_ANNOTATION = f"{GROUP}/max-vram-overcommit-ratio"
+GPU_POLICY_ANNOTATION = f"{GROUP}/gpu-policy"
 #: GPU Feature Discovery labels: MiB per GPU, and the number of GPUs.
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
@@ -83,6 +85,8 @@ MAX_SLICES_PER_NODE = 64
 MAX_INVENTORY_TEXT = 256 * 1024
 #: The longest device identity, pool or driver name read (a DNS subdomain).
 MAX_DEVICE_NAME = 253
+#: DRA drivers configured as GPU inventory sources.
+MAX_DRA_DRIVERS = 16
 #: Times a tenant can write (expiresAt, heartbeats). The upper bound leaves room to
 #: add any duration below without leaving what a datetime can hold.
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)

@@ -25,6 +25,8 @@ RESERVATIONS = resource_path(GROUP, VERSION, "reservations")
 NODE_HEADROOMS = resource_path(GROUP, VERSION, "nodeheadrooms")
 NODES = resource_path("", "v1", "nodes")
 PODS = resource_path("", "v1", "pods")
+#: DRA ResourceSlices (cluster-scoped): a node's GPU devices, when a DRA driver publishes them.
+RESOURCE_SLICES = resource_path("resource.k8s.io", "v1", "resourceslices")
 
 
 def reservation_path(namespace: str, name: str, subresource: str = "") -> str:

@@ -1,11 +1,13 @@
 """The controller: rebuild the ledger from the API, then keep every object level with it.
 
 Start-up order is the safety argument. :meth:`Controller.start` lists every
-Node, every labelled owner Pod and every Reservation (paged) and rebuilds the
-ledger from the admitted ones *before* the decider starts, so no decision is
-ever taken against a ledger that lacks an admitted reservation. Then it follows
-all three with its own WATCHes from those lists' resourceVersions (no gap, no
-replay; ``headroom.kube.watch`` says why not kopf).
+Node, every node-local ResourceSlice (the GPU inventory), every labelled owner
+Pod and every Reservation (paged) and rebuilds the ledger from the admitted ones
+*before* the decider starts, so no decision is ever taken against a ledger that
+lacks an admitted reservation, and no reservation is restored or decided before
+its node's GPU devices are known. Then it follows them with its own WATCHes from
+those lists' resourceVersions (no gap, no replay; ``headroom.kube.watch`` says
+why not kopf).
 
 Level-triggered: every path that brings a Reservation ends in the same
 reconcile (``headroom.control.reconcile``); this module wires the parts
@@ -34,6 +36,7 @@ from headroom.control.owners import OWNER_SELECTOR, Owners
 from headroom.control.podrequests import PodRequestsFeed
 from headroom.control.reclaim import Reclaimer
 from headroom.control.reconcile import Reconciler
+from headroom.control.slices import Slices
 from headroom.control.state import State
 from headroom.control.summaries import Summaries
 from headroom.control.supervisor import Supervisor
@@ -49,6 +52,8 @@ from headroom.objects.stamp import Stamper
 log = logging.getLogger(__name__)
 DELETED = "DELETED"
 _TOMBSTONES_KEPT = 600.0  # seconds; no list takes that long
+#: The resourceVersions the watches start from (see :meth:`Controller.rebuild`).
+Versions = tuple[str, str, str, str, str, str | None]
 
 
 class Controller:
@@ -102,6 +107,14 @@ class Controller:
             config,
             delete_summary=self.summaries.delete,
             changed=lambda: self._changed_capacity(),
+        )
+        self.slices = Slices(
+            state,
+            transport,
+            self.clock,
+            drivers=config.gpus.dra_drivers,
+            refresh=self.nodes.refresh,
+            rng=self.rng,
         )
         self.lookups = Lookups(
             state,
@@ -212,9 +225,10 @@ class Controller:
             self._in_background(adoption.finish())
         self.ready.set()
 
-    def _follow(self, versions: tuple[str, str, str, str, str]) -> None:
-        node_version, pod_version, reservation_version, claim_version, all_pods = versions
+    def _follow(self, versions: Versions) -> None:
+        node_version, pod_version, reservation_version, claim_version, all_pods, slices = versions
         spawn, transport, rng = self.supervisor.spawn, self.transport, self.rng
+        spawn("watch-resourceslices", self.slices.follow(slices))
         spawn(
             "watch-reservations",
             follow(
@@ -308,11 +322,13 @@ class Controller:
 
     # -- rebuild and resync ------------------------------------------------------------------
 
-    async def rebuild(self) -> tuple[str, str, str, str, str]:
-        """Rebuild the ledger; return the Node, owner Pod, Reservation, claiming Pod and
-        all Pods lists' resourceVersions."""
+    async def rebuild(self) -> Versions:
+        """Rebuild the ledger; return the Node, owner Pod, Reservation, claiming Pod, all
+        Pods and ResourceSlice lists' resourceVersions (the last None: not served)."""
         started = self.clock.monotonic()
         nodes, node_version = await list_all(self.transport, NODES)
+        # Each node's GPU inventory, before any admission is restored or decided against it.
+        slice_version = await self.slices.take_listed()
         # What pods requested, before any admission is restored or decided against it.
         all_pods = await self.pod_requests.relist() if self.pod_requests is not None else ""
         pods, pod_version = await list_all(self.transport, PODS, label_selector=OWNER_SELECTOR)
@@ -338,7 +354,7 @@ class Controller:
             len(self.state.holders),
             len(self.admission),
         )
-        return node_version, pod_version, version, claim_version, all_pods
+        return node_version, pod_version, version, claim_version, all_pods, slice_version
 
     async def _resync_forever(self) -> None:
         period = self.config.resync_period.total_seconds()
@@ -348,7 +364,13 @@ class Controller:
         while True:
             await asyncio.sleep(delay)
             failed = False
-            steps = [self.resync, self.nodes.relist, self.owners.relist, self.gates.relist]
+            steps = [
+                self.resync,
+                self.slices.resync,
+                self.nodes.relist,
+                self.owners.relist,
+                self.gates.relist,
+            ]
             if self.pod_requests is not None:
                 steps.append(self.pod_requests.relist)
             for step in (*steps, self._orphans):

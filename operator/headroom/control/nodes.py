@@ -1,5 +1,9 @@
 """Nodes into the ledger: total RAM, VRAM and per-node limits, from watch, list or lookup.
 
+A node's VRAM is its GPU inventory's (``headroom.control.inventory``), read from
+the Node and its ResourceSlices; a slice that changes reads it again
+(:meth:`Nodes.refresh`), with the RAM and limits the Node last gave.
+
 A Node comes from three places: the Node watch, a list (the rebuild, a resync, the
 relist after ``410 Gone``) and a lookup (a reservation naming a Node not seen
 yet). A list or a lookup is a snapshot from when it was asked for; a watch event
@@ -16,14 +20,16 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from headroom.api.config import OperatorConfig
+from headroom.api.constants import HAMI_REGISTER_ANNOTATION
 from headroom.api.paths import NODES, node_path
 from headroom.api.refs import ObjectRef
+from headroom.control.inventory import GpuInventories
 from headroom.control.state import State
 from headroom.control.tasks import BackgroundTasks
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
-from headroom.objects.nodes import node_capacity
+from headroom.objects.nodes import NodeCapacity, node_capacity
 from headroom.objects.pods import node_facts
 
 log = logging.getLogger(__name__)
@@ -46,6 +52,9 @@ class Nodes:
         self._clock, self._config = clock, config
         self._delete_summary, self._changed = delete_summary, changed
         self._bad_values: dict[str, list[str]] = {}  # one Event per node and set of problems
+        self._inventories = GpuInventories(state, events, config.gpus.dra_drivers)
+        # What the inventory reads of each Node, and its capacity: for refresh().
+        self._last: dict[str, tuple[JSON, NodeCapacity]] = {}
         self._tasks = BackgroundTasks()
 
     def on_node(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
@@ -71,6 +80,8 @@ class Nodes:
             state.node_facts.pop(name, None)
             state.ledger.remove_node(name)
             self._bad_values.pop(name, None)
+            self._inventories.forget(name)
+            self._last.pop(name, None)
             self._tasks.spawn(self._delete_summary(name))
             self._changed()
             return
@@ -87,15 +98,34 @@ class Nodes:
                 "Warning",
             )
         self._bad_values[name] = capacity.problems
-        if capacity.total_ram_mb is None:
-            state.ledger.remove_node(name)
-        else:
-            state.ledger.set_node_capacity(
-                name, capacity.total_ram_mb, capacity.vram_mb, capacity.limits
-            )
+        inventory_part = _inventory_part(meta)
+        self._last[name] = (inventory_part, capacity)
+        self._inventories.apply(self._ref(name), inventory_part, capacity)
         state.dirty_nodes.add(name)
         state.room_nodes.add(name)  # it may have grown, or its limits loosened
         self._changed()
+
+    def refresh(self, names: set[str]) -> None:
+        """The ResourceSlices of these nodes changed: read their inventories again."""
+        state = self._state
+        refreshed = False
+        for name in sorted(names):
+            last = self._last.get(name)
+            if last is None:
+                continue  # no Node (yet): its inventory is read when it comes
+            try:
+                self._inventories.apply(self._ref(name), *last)
+            except Exception:  # one node must never stop the others
+                log.exception("GPU inventory of node %s not applied", name)
+                continue
+            state.dirty_nodes.add(name)
+            state.room_nodes.add(name)
+            refreshed = True
+        if refreshed:
+            self._changed()
+
+    def _ref(self, name: str) -> ObjectRef:
+        return ObjectRef("v1", "Node", name, self._state.node_uids.get(name, ""))
 
     async def relist(self) -> str:
         """Every Node again: the Node watch's relist, and part of every resync."""
@@ -125,3 +155,17 @@ class Nodes:
 
     async def stop(self) -> None:
         await self._tasks.stop()
+
+
+def _inventory_part(meta: JSON) -> JSON:
+    """What the GPU inventory reads of a Node, kept for :meth:`Nodes.refresh` (not all of it:
+    a Node's status lists its images and can be large)."""
+    annotations = meta.get("annotations") or {}
+    kept = {k: v for k, v in annotations.items() if k == HAMI_REGISTER_ANNOTATION}
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": kept,
+        }
+    }

@@ -105,6 +105,10 @@ class State:
         self.node_labels: dict[str, dict[str, str]] = {}  # copied onto its NodeHeadroom
         self.node_facts: dict[str, NodeFacts] = {}  # what says which pods may run there
         self.node_seen: dict[str, float] = {}  # node -> when a watch last told us of it
+        # Node-local ResourceSlices (headroom.control.slices): by name, and by spec.nodeName.
+        self.slices: dict[str, JSON] = {}
+        self.slices_by_node: dict[str, set[str]] = {}
+        self.slice_seen: dict[str, float] = {}  # slice -> when a watch last told us of it
         self.dirty_nodes: set[str] = set()
         self.room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now
         self.waiters: dict[str, str] = {}  # entry id of a waiting reservation -> its uid

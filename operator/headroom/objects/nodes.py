@@ -1,4 +1,8 @@
-"""Read a Node into ledger terms: total RAM, VRAM and per-node limits.
+"""Read a Node into ledger terms: total RAM and per-node limits.
+
+Its VRAM is not read here: it is the sum of the node's GPU devices, and those
+come from the node's inventory (``headroom.objects.gpus``), which also reads
+ResourceSlices and knows when GFD's labels would count MIG memory twice.
 
 Every figure goes through a total parser (``headroom.api.parse``): a value that
 does not parse, or lies outside its bound, never raises past this module; it
@@ -13,16 +17,16 @@ from typing import Any, Literal
 
 from headroom.api.constants import (
     ENTRIES_ANNOTATION,
-    GPU_COUNT_LABEL,
-    GPU_MEMORY_LABEL,
+    GPU_POLICY_ANNOTATION,
     MAX_ENTRIES_PER_NODE,
-    MAX_GPUS,
     MAX_MB,
     RATIO_ANNOTATION,
     RESERVE_ANNOTATION,
+    VRAM_RATIO_ANNOTATION,
 )
+from headroom.api.gpus import GpuPolicy
 from headroom.api.limits import Limits
-from headroom.api.parse import InvalidValueError, memory_mib, parse_int, parse_ratio
+from headroom.api.parse import InvalidValueError, memory_mib, parse_int, parse_ratio, shown
 
 JSON = dict[str, Any]
 
@@ -33,7 +37,6 @@ class NodeCapacity:
 
     name: str
     total_ram_mb: int | None
-    vram_mb: int | None
     limits: Limits
     problems: list[str] = field(default_factory=list)
 
@@ -41,10 +44,9 @@ class NodeCapacity:
 def node_capacity(
     node: JSON, defaults: Limits, ram_source: Literal["allocatable", "capacity"]
 ) -> NodeCapacity:
-    """Total RAM, VRAM and limits of a Node; bad values are reported and ignored."""
+    """Total RAM and limits of a Node; bad values are reported and ignored."""
     metadata = node.get("metadata") or {}
     name = metadata.get("name", "")
-    labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     status = node.get("status") or {}
     problems: list[str] = []
@@ -57,23 +59,8 @@ def node_capacity(
         except InvalidValueError as error:
             problems.append(f"{error}; capacity treated as unknown")
 
-    vram: int | None = None
-    if GPU_MEMORY_LABEL in labels:
-        try:
-            per_gpu = parse_int(labels[GPU_MEMORY_LABEL], f"label {GPU_MEMORY_LABEL}", 0, MAX_MB)
-            count = parse_int(
-                labels.get(GPU_COUNT_LABEL, "1"), f"label {GPU_COUNT_LABEL}", 0, MAX_GPUS
-            )
-            if per_gpu * count > MAX_MB:
-                raise InvalidValueError(
-                    f"labels {GPU_MEMORY_LABEL} × {GPU_COUNT_LABEL}: {per_gpu} × {count} MiB "
-                    f"is above {MAX_MB} MiB"
-                )
-            vram = per_gpu * count
-        except InvalidValueError as error:
-            problems.append(f"{error}; VRAM not enforced")
-
-    ratio = reserve = entries = None
+    ratio = reserve = entries = vram_ratio = None
+    policy: GpuPolicy | None = None
     try:
         if RATIO_ANNOTATION in annotations:
             ratio = parse_ratio(annotations[RATIO_ANNOTATION], f"annotation {RATIO_ANNOTATION}")
@@ -96,7 +83,27 @@ def node_capacity(
             )
     except InvalidValueError as error:
         problems.append(f"{error}; default used")
+    try:
+        if VRAM_RATIO_ANNOTATION in annotations:
+            vram_ratio = parse_ratio(
+                annotations[VRAM_RATIO_ANNOTATION], f"annotation {VRAM_RATIO_ANNOTATION}"
+            )
+    except InvalidValueError as error:
+        problems.append(f"{error}; default used")
+    if GPU_POLICY_ANNOTATION in annotations:
+        raw_policy = annotations[GPU_POLICY_ANNOTATION]
+        if raw_policy in set(GpuPolicy):
+            policy = GpuPolicy(raw_policy)
+        else:
+            problems.append(
+                f"annotation {GPU_POLICY_ANNOTATION}: not "
+                f"{' or '.join(p.value for p in GpuPolicy)}: {shown(raw_policy)}; default used"
+            )
     limits = defaults.with_overrides(
-        max_overcommit_ratio=ratio, system_reserve_mb=reserve, max_entries_per_node=entries
+        max_overcommit_ratio=ratio,
+        system_reserve_mb=reserve,
+        max_entries_per_node=entries,
+        max_vram_overcommit_ratio=vram_ratio,
+        gpu_policy=policy,
     )
-    return NodeCapacity(name, total, vram, limits, problems)
+    return NodeCapacity(name, total, limits, problems)
