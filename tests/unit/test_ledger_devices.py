@@ -218,3 +218,21 @@ def test_no_device_is_ever_over_its_limit_and_a_rebuild_holds_the_same(
     assert rebuilt.restore(again).over_committed == []
     before = ledger.node_summary("gpu-1", NOW).devices
     assert rebuilt.node_summary("gpu-1", NOW).devices == before
+
+
+def test_a_claim_is_refused_only_for_what_it_asks() -> None:
+    ledger = gpu_node()
+    ledger.reserve(claim("a", 70 * GIB), NOW)
+    ledger.reserve(claim("b", 70 * GIB), NOW)
+    ledger.set_node_capacity("gpu-1", 512 * GIB, 80 * GIB)  # a GPU went away
+    ledger.set_node_devices("gpu-1", TWO_80[:1])
+    ram_only = Entry("ml/ram", "gpu-1", 1024, NOW, NOW)
+    assert ledger.reserve(ram_only, NOW).admitted  # the node is short of VRAM, not of RAM
+    assert not ledger.reserve(claim("c", 1024), NOW).admitted
+    small = Ledger(Limits(system_reserve_mb=0))
+    small.set_node_capacity("gpu-2", 1024, 160 * GIB)
+    small.set_node_devices("gpu-2", TWO_80)
+    small.reserve(Entry("ml/big", "gpu-2", 1024, NOW, NOW), NOW)
+    small.set_node_capacity("gpu-2", 512, 160 * GIB)  # RAM shrank under it
+    vram_only = Entry("ml/v", "gpu-2", 0, NOW, NOW, vram_mb=GIB)
+    assert small.reserve(vram_only, NOW).admitted

@@ -56,6 +56,10 @@ class GpuInventories:
         self._bad[name] = inventory.problems
         vram: int | None = None
         devices: Devices = None
+        if inventory.source is not None:
+            state.gpu_sources[name] = inventory.source.value
+        else:
+            state.gpu_sources.pop(name, None)
         if inventory.devices is not None:
             vram, devices = inventory.total_mb, inventory.devices
         elif inventory.source is not None and inventory.pending and not inventory.problems:
@@ -75,6 +79,7 @@ class GpuInventories:
 
     def forget(self, name: str) -> None:
         """The Node is gone."""
+        self._state.gpu_sources.pop(name, None)
         self._applied.pop(name, None)
         self._bad.pop(name, None)
         self._over.pop(name, None)

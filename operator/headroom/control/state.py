@@ -108,6 +108,8 @@ class State:
         # Node-local ResourceSlices (headroom.control.slices): by name, and by spec.nodeName.
         self.slices: dict[str, JSON] = {}
         self.slices_by_node: dict[str, set[str]] = {}
+        #: Where each node's GPU devices were read (ResourceSlice, HAMi, GFD), for its summary.
+        self.gpu_sources: dict[str, str] = {}
         self.slice_seen: dict[str, float] = {}  # slice -> when a watch last told us of it
         self.dirty_nodes: set[str] = set()
         self.room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now

@@ -72,7 +72,7 @@ class Summaries:
             if node not in state.node_uids:
                 continue  # no Node object (yet): nothing to own the summary
             try:
-                status = headroom_status(state.ledger, node, now)
+                status = headroom_status(state.ledger, node, now, state.gpu_sources.get(node))
             except Exception as error:
                 self._unbuildable_summary(node, error)
                 continue

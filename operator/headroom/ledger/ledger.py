@@ -347,8 +347,10 @@ class Ledger:
             return Reason.TOO_MANY_ENTRIES, (
                 f"node {node}: {len(state.entries)} active reservations, the cap is {cap}"
             )
+        # A claim is refused only for what it asks: a VRAM-only claim on a node over its
+        # RAM limit (after a shrink, say) takes none of the RAM that is short.
         limit = state.limit_ram_mb()
-        if limit is not None and state.reserved_ram_mb + entry.ram_mb > limit:
+        if entry.ram_mb and limit is not None and state.reserved_ram_mb + entry.ram_mb > limit:
             pods = f" − pods {state.pod_requests_mb}" if state.pod_requests_mb else ""
             return Reason.INSUFFICIENT_RAM, (
                 f"node {node}: requested {entry.ram_mb} MiB, allocatable "
@@ -357,7 +359,11 @@ class Ledger:
                 f"{state.limits.system_reserve_mb}{pods} − reserved {state.reserved_ram_mb})"
             )
         vram_limit = state.limit_vram_mb()
-        if vram_limit is not None and state.reserved_vram_mb + entry.vram_mb > vram_limit:
+        if (
+            entry.vram_mb
+            and vram_limit is not None
+            and state.reserved_vram_mb + entry.vram_mb > vram_limit
+        ):
             ratio = state.limits.max_vram_overcommit_ratio
             scaled = "" if ratio == 1 else f" × {format_ratio(ratio)}"
             return Reason.INSUFFICIENT_VRAM, (
