@@ -64,6 +64,9 @@ def test_seeded_schedules_keep_every_promise() -> None:
         "Reclaimed/OwnerPodDeleted",
         "Rejected/InsufficientRAM",
         "Admitted/Fits",
+        # VRAM per GPU device (headroom_dev.sim.devicechecks)
+        "admitted-on-devices",
+        "Rejected/InsufficientVRAM",
         # gated pods (headroom_dev.sim.pods): held, let go, run, ended, deleted, missed
         "pod-gated",
         "pod-ungated",

@@ -47,6 +47,7 @@ from headroom.api.constants import HEARTBEAT_ANNOTATION
 from headroom.control.controller import Controller
 from headroom.ledger.node import NodeState
 from headroom.objects.nodes import node_capacity
+from headroom_dev.sim.devicechecks import DeviceBook
 
 JSON = dict[str, Any]
 SHRINK_GRACE = 90.0  # seconds: a lost Node event is caught by the resync (30 s) and a relist
@@ -108,9 +109,14 @@ class Checker:
     _created: dict[str, float] = field(default_factory=dict)  # uid -> when it appeared
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     _last_value: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    devices: DeviceBook = field(init=False)
 
     def __post_init__(self) -> None:
         self.window = self.config.limits.heartbeat_stale_window.total_seconds()
+        self.devices = DeviceBook(self.fail, self._count)
+
+    def _count(self, what: str) -> None:
+        self.counts[what] += 1
 
     def fail(self, what: str) -> None:
         self.violations.append(f"t={self.now():.3f}: {what}")
@@ -148,6 +154,7 @@ class Checker:
         else:
             self._nodes.pop(name, None)
         self._limits[name].append((self.now(), limit))
+        self.devices.on_node(name, None if event_type == "DELETED" else obj)
 
     def _limit(self, node: str) -> int | None:
         """The largest limit the node had in the last SHRINK_GRACE seconds (None: unknown)."""
@@ -175,6 +182,7 @@ class Checker:
         uid, key = meta["uid"], (meta["namespace"], meta["name"])
         if event_type == "DELETED":
             self._admitted.pop(uid, None)
+            self.devices.released(uid)
             self._deleted_at[uid] = self.now()
             return
         self._created.setdefault(uid, self.now())
@@ -206,6 +214,7 @@ class Checker:
             self._admission(uid, key, obj)
         elif phase == "Reclaimed":
             self._admitted.pop(uid, None)
+            self.devices.released(uid)
             self._reclaim(uid, key, obj, status)
 
     def _admission(self, uid: str, key: tuple[str, str], obj: JSON) -> None:
@@ -213,6 +222,14 @@ class Checker:
         self._admitted[uid] = (node, ram)
         self._admitted_at[uid] = self.now()
         decision = str((obj.get("status") or {}).get("decisionID"))
+        self.devices.admitted(
+            uid,
+            key,
+            obj,
+            lambda other: (
+                other in self._admitted and not _decided_after(self._over.get(other), decision)
+            ),
+        )
         if (obj.get("status") or {}).get("reason") == "OverCommitted":
             self._over[uid] = decision
             return  # a pod already running there, recorded as it is (podchecks checks that)

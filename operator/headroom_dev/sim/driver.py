@@ -32,7 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 from headroom.api.config import OperatorConfig
-from headroom.api.constants import OWNER_LABEL
+from headroom.api.constants import GPU_COUNT_LABEL, GPU_MEMORY_LABEL, OWNER_LABEL
 from headroom.control.controller import Controller
 from headroom.control.supervisor import Supervisor
 from headroom.kube.events import EventRecorder
@@ -370,8 +370,10 @@ class _Schedule:
     def put_node(self, name: str) -> None:
         memory = self.rng.choice([2048, 3072, 4096, 8192])
         self.nodes[name] = memory
-        labels = self.pods.node_labels(name) if self.pods is not None else None
-        self.server.put_node(name, memory=memory, labels=labels)
+        labels = self.pods.node_labels(name) if self.pods is not None else {}
+        if int(name.rsplit("-", 1)[1]) % 2 == 0:  # even nodes have two GPUs of 3 GiB (GFD)
+            labels = {**(labels or {}), GPU_COUNT_LABEL: "2", GPU_MEMORY_LABEL: "3072"}
+        self.server.put_node(name, memory=memory, labels=labels or None)
         if self.pods is not None:
             self.pods.node_put(name)
 
@@ -408,6 +410,9 @@ class _Schedule:
             ).strftime("%Y-%m-%dT%H:%M:%SZ")
         if self.rng.random() < 0.4:  # it may wait for room
             spec["wait"] = f"{self.rng.uniform(1, 60):.1f}s"
+        vram = self.rng.choice([0, 0, 0, 1024, 2048, 3072])
+        if vram and self.rng.random() < 0.3:  # over two devices, or the node's sum
+            spec["gpus"] = self.rng.choice([0, 2])
         how = self.rng.choice(["silent", "self", "self", "pod", "pod", "late-pod", "no-pod"])
         if how in ("pod", "late-pod", "no-pod"):
             pod = f"owner-{name}"
@@ -417,7 +422,7 @@ class _Schedule:
                 self.server.create_pod(NAMESPACE, pod, labels={OWNER_LABEL: "true"})
         try:
             self.server.create_reservation(
-                NAMESPACE, name, node, self.rng.choice([256, 512, 1024, 2048, 3072]), **spec
+                NAMESPACE, name, node, self.rng.choice([256, 512, 1024, 2048, 3072]), vram, **spec
             )
         except ApiError:
             return
