@@ -175,6 +175,15 @@ class Admission:
                 return
         namesake = state.held_record(entry.id)
         if namesake is not None and namesake.uid != pending.uid:
+            held = state.ledger.get(entry.id)
+            if held is not None and held.created_at >= entry.created_at:
+                # Not newer than the incarnation held: a late event of one it replaced (a
+                # watch lagging a resync's list), and names are unique at a time. Left
+                # undecided: were it the one that exists after all (created in the same
+                # second, the held one's deletion lost), the next resync, not finding the
+                # held one, forgets it and decides this one.
+                log.info("%s: an earlier incarnation, not decided", entry.id)
+                return
             # Deleted and created again while its DELETED event was lost: the old one is gone.
             state.forget(namesake.uid, self._clock.monotonic())
         pod = entry.owner.pod

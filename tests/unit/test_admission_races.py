@@ -1,0 +1,55 @@
+"""A race of reservation incarnations, replayed on the fake API server.
+
+A reservation deleted and created again under its name; the resync's list brings
+the new one, which is admitted; then the reservation watch, lagging behind that
+list, delivers the ADDED of the old one (found by the simulation while wiring GPU
+inventories, seed 236 of that branch). The admission's namesake rule took the
+held, newer one for the stale incarnation and forgot it; the new one's own ADDED
+then came, without its status, and was decided a second time. An event of an
+incarnation not newer than the one held is not decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from headroom.api.config import OperatorConfig
+from headroom.control.controller import Controller
+from headroom_dev.sim.fakeapi import FakeApiServer
+from headroom_dev.sim.loop import VirtualClock, run_virtual
+
+NS = "ml"
+
+
+def test_a_late_added_of_an_earlier_incarnation_does_not_undo_the_held_one() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        old = server.create_reservation(NS, "r", "n1", 1024)
+        server.delete_reservation(NS, "r")
+        await asyncio.sleep(2)  # created again a few seconds later
+        new = server.create_reservation(NS, "r", "n1", 1024)
+        controller = Controller(
+            OperatorConfig(), server.client("operator"), clock=VirtualClock(), follow_watches=False
+        )
+        await controller.start()  # the rebuild's list brings the new one
+        await asyncio.sleep(2)
+        [admitted] = server.reservations(NS)
+        assert admitted["metadata"]["uid"] == new["metadata"]["uid"]
+        assert admitted["status"]["phase"] == "Admitted"
+        decision = admitted["status"]["decisionID"]
+        controller.on_reservation("ADDED", old)  # the lagging watch: the old incarnation
+        await asyncio.sleep(2)
+        controller.on_reservation("ADDED", new)  # then the new one's ADDED, without status
+        await asyncio.sleep(2)
+        controller.on_reservation("MODIFIED", server.reservations(NS)[0])
+        await asyncio.sleep(2)
+        [after] = server.reservations(NS)
+        assert after["status"]["decisionID"] == decision  # decided once
+        held = controller.state.held_record("ml/r")
+        assert held is not None
+        assert held.uid == new["metadata"]["uid"]
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
