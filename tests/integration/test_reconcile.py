@@ -259,6 +259,33 @@ async def test_a_resync_list_older_than_a_delete_and_recreate_changes_nothing(
     assert controller.state.holders[f"{namespace}/x"] == second["metadata"]["uid"]
 
 
+async def test_a_late_added_of_an_earlier_incarnation_does_not_undo_the_held_one(
+    start: Callable[..., Any],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """The watch, lagging behind the list that brought a re-created reservation, delivers
+    the deleted incarnation's ADDED: the held one is kept and decided once (the same
+    race is replayed on the fake API in tests/unit/test_admission_races.py)."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="10Gi")
+    old = await asyncio.to_thread(rsv.create, custom, namespace, "x", node, 1024)
+    await asyncio.to_thread(rsv.delete, custom, namespace, "x")
+    await asyncio.sleep(1.1)  # a later creationTimestamp (whole seconds)
+    new = await asyncio.to_thread(rsv.create, custom, namespace, "x", node, 1024)
+    controller = await start(follow_watches=False)  # the rebuild's list brings the new one
+    admitted = await asyncio.to_thread(rsv.wait_for, custom, namespace, "x")
+    assert admitted["status"]["phase"] == "Admitted"
+    controller.on_reservation("ADDED", old)  # late, from the lagging watch
+    await asyncio.sleep(0.5)
+    controller.on_reservation("ADDED", new)  # then the new one's, without its status
+    await asyncio.sleep(1)
+    after = await asyncio.to_thread(rsv.get, custom, namespace, "x")
+    assert after["status"]["decisionID"] == admitted["status"]["decisionID"]  # decided once
+    assert controller.state.holders[f"{namespace}/x"] == new["metadata"]["uid"]
+
+
 async def test_a_node_list_older_than_a_shrink_does_not_grow_the_node_back(
     start: Callable[..., Any],
     transport: FaultyTransport,
