@@ -206,3 +206,6 @@ def test_reserve_on_gpus_prints_the_devices(
         {"id": UUIDS[1], "memoryMB": 2048},
     ]
     assert json.loads(cli("why", "on-gpus-2", "-o", "json").stdout)["spec"]["gpus"] == 2
+    why = cli("why", "on-gpus-2").stdout.splitlines()
+    assert why[0].endswith(": 0 MiB RAM, 4096 MiB VRAM over 2 GPUs on node gpu-node")
+    assert f"Devices: {UUIDS[0]} (2048 MiB), {UUIDS[1]} (2048 MiB)" in why

@@ -29,7 +29,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from headroom.api.constants import MAX_DEVICE_NAME, MAX_GPUS, MAX_MB
 from headroom.api.models import DeviceHeadroom
@@ -166,7 +165,3 @@ def spread_over(vram_mb: int, gpus: int | None) -> int:
     if vram_mb <= 0:
         return 0
     return 1 if gpus is None else gpus
-
-
-def as_json(devices: Sequence[Device]) -> list[dict[str, Any]]:
-    return [{"id": d.id, "memoryMB": d.memory_mb} for d in devices]
