@@ -201,6 +201,23 @@ def test_devices_without_a_bound_and_nodes_without_devices() -> None:
     assert ram_only.fits  # no VRAM: no device needed
 
 
+def test_an_odd_device_is_left_out_not_the_node() -> None:
+    node = gpu_node("odd", [0, 0, 0])
+    devices = node["status"]["devices"]
+    devices[0]["addedLater"] = True  # a field a newer operator writes: ignored
+    devices[1]["kind"] = "vgpu"  # a kind this client does not know: that device left out
+    devices.append("GPU-0")
+    room = placement.rank([node], 0, 1024, gpus=2)[0]
+    assert room.fits
+    assert room.why_not is None
+    three = placement.rank([node], 0, 3072, gpus=3)[0]
+    assert three.why_not is not None
+    assert three.why_not.startswith("needs 3 devices with 1024 MiB free each; 2 of 2 have it")
+    node["status"]["devices"] = "none"  # not a list: read as no device list at all
+    unread = placement.rank([node], 0, 1024)[0]
+    assert (unread.fits, unread.has_devices) == (True, False)
+
+
 def test_many_devices_are_shown_most_free_first_and_counted() -> None:
     node = gpu_node("big", [81920, 80000, 0, 70000, 81000, 60000, 81920])
     room = placement.rank([node], 0, 50000, gpus=2)[0]

@@ -36,7 +36,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from headroom.api.models import NodeHeadroomStatus
+from headroom.api.models import DeviceHeadroom, NodeHeadroomStatus
 from headroom.client import calls
 from headroom.client.connection import Connection, connect
 from headroom.client.devices import device_fit, largest_free_mb, spread_over
@@ -50,6 +50,7 @@ NODEHEADROOM_GRANT = (
     "grants reading them (chart value nodeHeadroomReaders)"
 )
 _STATUS_FIELDS = {field.alias or name for name, field in NodeHeadroomStatus.model_fields.items()}
+_DEVICE_FIELDS = {field.alias or name for name, field in DeviceHeadroom.model_fields.items()}
 
 
 #: The rule, in a few words, for messages.
@@ -102,15 +103,37 @@ class NodeRoom:
         }
 
 
+def readable_devices(items: object) -> list[DeviceHeadroom] | None:
+    """A NodeHeadroom's devices, each read on its own: fields added later are ignored
+    and a device that cannot be read is left out (it then counts as having no room),
+    so that one odd device never hides the node's other figures."""
+    if not isinstance(items, list):
+        return None
+    readable = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        try:
+            readable.append(
+                DeviceHeadroom.model_validate(
+                    {key: value for key, value in item.items() if key in _DEVICE_FIELDS}
+                )
+            )
+        except ValidationError:
+            continue
+    return readable
+
+
 def assess(headroom: JSON, ram_mb: int, vram_mb: int, gpus: int | None = None) -> NodeRoom:
     """How a claim of this size (``vram_mb`` over ``gpus`` devices: None is the operator's
     default, 1) stands on the node this NodeHeadroom describes."""
     name = str(headroom["metadata"]["name"])
     raw = headroom.get("status") or {}
+    known = {key: value for key, value in raw.items() if key in _STATUS_FIELDS}
+    if "devices" in known:
+        known["devices"] = readable_devices(known["devices"])
     try:
-        status = NodeHeadroomStatus.model_validate(
-            {key: value for key, value in raw.items() if key in _STATUS_FIELDS}
-        )
+        status = NodeHeadroomStatus.model_validate(known)
     except ValidationError:
         return NodeRoom(name, False, "no figures published yet")
     free_vram = (
