@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 from headroom.api.constants import MAX_GPUS, MAX_MB
 from headroom.api.gpus import GpuDevice, GpuPolicy
 from headroom.api.models import DeviceHeadroom
-from headroom.client import InvalidClaimError, placement, plans, procedure, spec
+from headroom.client import (
+    InvalidClaimError,
+    claim,
+    claim_async,
+    placement,
+    plans,
+    procedure,
+    spec,
+)
 from headroom.client.devices import (
     Device,
     cuda_visible_devices,
@@ -49,6 +57,13 @@ def test_gpus_is_checked_by_the_schema_naming_spec_gpus(gpus: Any, message: str)
         spec.request(node="n1", ram_mb=0, vram_mb=1024, gpus=gpus)
     assert str(refused.value).startswith(message)
     assert refused.value.field == "spec.gpus"
+
+
+def test_claim_and_claim_async_refuse_a_bad_gpus_before_any_call() -> None:
+    for make in (claim, claim_async):
+        with pytest.raises(InvalidClaimError, match=r"^spec\.gpus: Invalid value: 1025: "):
+            make("n1", vram_mb=1024, gpus=MAX_GPUS + 1, connection=CONN)
+        assert make("n1", vram_mb=1024, gpus=2, connection=CONN) is not None  # not entered
 
 
 def test_gpus_goes_in_the_spec_only_when_given() -> None:
