@@ -74,7 +74,7 @@ def _add_commands(
     p.add_argument("--node", required=True, help=NODE_HELP)
     p.add_argument("--ram", required=True, help=f"MiB, 0 .. {MAX_MB}")
     p.add_argument("--vram", default="0", help=f"MiB, 0 .. {MAX_MB}")
-    p.add_argument("--gpus", help=GPUS_HELP)
+    p.add_argument("--gpus", metavar="N", help=GPUS_HELP)
     p.add_argument("--ttl", help="hard expiry from now, e.g. 1h")
     p.add_argument("--name", help="default: rsv-<random>")
     p.add_argument("--description")
@@ -110,7 +110,7 @@ def _add_commands(
     p.add_argument("--node", required=True, help=NODE_HELP)
     p.add_argument("--ram", required=True, help=f"MiB, 0 .. {MAX_MB}")
     p.add_argument("--vram", default="0", help=f"MiB, 0 .. {MAX_MB}")
-    p.add_argument("--gpus", help=GPUS_HELP)
+    p.add_argument("--gpus", metavar="N", help=GPUS_HELP)
     p.add_argument("--ttl", help="hard expiry from now, e.g. 8h")
     p.add_argument(
         "--wait",

@@ -47,7 +47,7 @@ def add(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ram", required=True, help="MiB")
     parser.add_argument("--vram", default="0", help="MiB (default 0)")
-    parser.add_argument("--gpus", help=GPUS_HELP)
+    parser.add_argument("--gpus", metavar="N", help=GPUS_HELP)
     parser.add_argument(
         "-l",
         "--selector",
