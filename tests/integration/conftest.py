@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from headroom_dev.controlplane import ControlPlane, binary
 from headroom_dev.operator import OperatorProcess
 from tests.integration.cli_checks import Cli, Hold
 from tests.integration.polling import eventually
+from tests.integration.stand_in import DeviceAdmitter
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -117,3 +118,15 @@ def claim_node(
 
     eventually(summarized)
     return node
+
+
+@pytest.fixture
+def device_admitter(
+    custom: client.CustomObjectsApi, namespace: str, crds: list[str]
+) -> Iterator[DeviceAdmitter]:
+    """No operator: a stand-in admits each claim of the namespace on two GPU UUIDs
+    (``tests.integration.stand_in``)."""
+    admitter = DeviceAdmitter(custom, namespace)
+    admitter.start()
+    yield admitter
+    admitter.stop()

@@ -12,6 +12,7 @@ from kubernetes import client
 
 from headroom_dev import reservations as rsv
 from tests.integration.polling import eventually
+from tests.integration.stand_in import UUIDS, DeviceAdmitter
 
 
 def test_nodes_table_and_json(cli: Callable[..., Any], scene: str) -> None:
@@ -186,3 +187,25 @@ def test_summary_counts_what_is_held_on_a_deleted_node(
     }
     assert rows["active entries"] == rows["reservations Admitted"]
     assert gone in rows["admitted on nodes without a NodeHeadroom"]
+
+
+def test_reserve_on_gpus_prints_the_devices(
+    cli: Callable[..., Any], device_admitter: DeviceAdmitter
+) -> None:
+    """Admitted on two GPUs (a stand-in writes the status as the operator would)."""
+    both = ",".join(UUIDS)
+    flags = ("--node", "gpu-node", "--ram", "0", "--vram", "4096", "--gpus", "2", "--wait")
+    result = cli("reserve", *flags, "--name", "on-gpus")
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.splitlines()
+    assert first.startswith("reservation.headroom.dev/on-gpus admitted: node gpu-node: ")
+    assert second == f"devices: {both} (CUDA_VISIBLE_DEVICES={both})"
+    data = json.loads(cli("reserve", *flags, "--name", "on-gpus-2", "-o", "json").stdout)
+    assert data["devices"] == [
+        {"id": UUIDS[0], "memoryMB": 2048},
+        {"id": UUIDS[1], "memoryMB": 2048},
+    ]
+    assert json.loads(cli("why", "on-gpus-2", "-o", "json").stdout)["spec"]["gpus"] == 2
+    why = cli("why", "on-gpus-2").stdout.splitlines()
+    assert why[0].endswith(": 0 MiB RAM, 4096 MiB VRAM over 2 GPUs on node gpu-node")
+    assert f"Devices: {UUIDS[0]} (2048 MiB), {UUIDS[1]} (2048 MiB)" in why

@@ -32,6 +32,7 @@ from headroom.client import (
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from tests.integration.polling import eventually
+from tests.integration.stand_in import UUIDS, DeviceAdmitter
 
 
 def phases(custom: client.CustomObjectsApi, namespace: str) -> dict[str, str | None]:
@@ -244,6 +245,12 @@ BAD_VALUES = [
         'spec.wait: Invalid value: ".5s": spec.wait in body should match',
     ),
     ({"wait": "soon"}, "spec.wait", "spec.wait in body should match"),
+    (
+        {"vram_mb": 1024, "gpus": -1},
+        "spec.gpus",
+        "spec.gpus: Invalid value: -1: should be greater than or equal to 0",
+    ),
+    ({"vram_mb": 1024, "gpus": 2000}, "spec.gpus", "should be less than or equal to 1024"),
     ({"ttl": "-1h"}, "ttl", "ttl: not a duration"),
     ({"ttl": "0s"}, "ttl", "outside 1ms"),
     ({"description": "x" * 1025}, "spec.description", "may not be more than 1024 characters"),
@@ -332,3 +339,26 @@ def test_connect_finds_the_cluster_as_kubectl_does(
         == []
     )
     assert connect(namespace="elsewhere").namespace == "elsewhere"
+
+
+def test_a_claim_on_gpu_devices_shows_them_and_the_cuda_devices(
+    device_admitter: DeviceAdmitter,
+    connection: Connection,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """The devices as the operator writes them in the status (a stand-in writes them)."""
+    with claim(
+        "gpu-node", vram_mb=2049, gpus=2, heartbeat_interval=60, connection=connection
+    ) as held:
+        assert rsv.get(custom, namespace, held.name)["spec"]["gpus"] == 2
+        assert [(d.id, d.memory_mb) for d in held.devices] == [(UUIDS[0], 1025), (UUIDS[1], 1025)]
+        assert held.cuda_visible_devices == ",".join(UUIDS)
+        assert "on GPU-aabbccdd… (1025 MiB)" in held.message
+    with claim("gpu-node", vram_mb=2048, gpus=0, connection=connection) as spanning:
+        assert (spanning.devices, spanning.cuda_visible_devices) == ((), None)
+    assert phases(custom, namespace) == {}
+    device_admitter.ids = ("gfd-0",)
+    with claim("gpu-node", ram_mb=64, vram_mb=1024, connection=connection) as synthetic:
+        assert [d.id for d in synthetic.devices] == ["gfd-0"]
+        assert synthetic.cuda_visible_devices is None

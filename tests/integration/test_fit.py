@@ -110,6 +110,7 @@ def test_fit_lists_the_nodes_that_fit_now_best_first(cli: Cli, cluster_of_nodes:
         "activeEntries": 1,
         "maxEntries": 110,
         "queuedEntries": 0,
+        "largestFreeDeviceMB": None,  # no GPU inventory read (yet): no devices
     }
     gpus = cli("fit", "--ram", "1024", "-l", f"fit-test={p},tier=gpu")
     assert [line.split()[0] for line in gpus.stdout.splitlines()[1:]] == [
@@ -185,3 +186,87 @@ def test_a_selector_needs_no_right_on_nodes(
     blind = cli("fit", "--ram", "1024", kubeconfig=nobody)
     assert blind.returncode == 4
     assert_one_line_error(blind, "cannot list NodeHeadrooms", "headroom-nodeheadroom-reader")
+
+
+def gpu_status(held: list[int], memory: int = 81920) -> dict[str, Any]:
+    """A NodeHeadroom status as the operator writes it for a node of 2 × 80 GiB GPUs
+    (GFD), 32768 MiB of RAM to give, with ``held`` MiB admitted on each device."""
+    return {
+        "capacityKnown": True,
+        "totalRAMMB": 33792,
+        "systemReserveMB": 1024,
+        "maxOvercommitRatio": "1",
+        "limitRAMMB": 32768,
+        "reservedRAMMB": 0,
+        "allocatableRAMMB": 32768,
+        "reservedVRAMMB": sum(held),
+        "vramCapacityMB": memory * len(held),
+        "activeEntries": sum(1 for mib in held if mib),
+        "staleEntries": 0,
+        "maxEntries": 110,
+        "utilizationPercent": 0,
+        "overCommitted": False,
+        "gpuSource": "GFD",
+        "gpuPolicy": "binpack",
+        "largestFreeDeviceMB": max(memory - mib for mib in held),
+        "devices": [
+            {"id": f"gfd-{i}", "kind": "gpu", "memoryMB": memory}
+            | {"reservedMB": mib, "freeMB": memory - mib}
+            for i, mib in enumerate(held)
+        ],
+    }
+
+
+@pytest.fixture
+def gpu_headrooms(custom: client.CustomObjectsApi, crds: list[str]) -> Iterator[str]:
+    """NodeHeadrooms labelled ``fit-test=<prefix>`` (no operator runs: they stay as
+    written): gpu-full holds two 50 GiB claims on its two 80 GiB GPUs, gpu-half one."""
+    prefix = f"fitgpu-{uuid.uuid4().hex[:5]}"
+    nodes = {"gpu-full": [51200, 51200], "gpu-half": [51200, 0]}
+    for short, held in nodes.items():
+        name = f"{prefix}-{short}"
+        metadata = {"name": name, "labels": {"fit-test": prefix}}
+        body = {"apiVersion": "headroom.dev/v1alpha1", "kind": "NodeHeadroom", "metadata": metadata}
+        custom.create_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms", body)
+        custom.patch_cluster_custom_object_status(
+            "headroom.dev", "v1alpha1", "nodeheadrooms", name, {"status": gpu_status(held)}
+        )
+    yield prefix
+    for short in nodes:
+        custom.delete_cluster_custom_object(
+            "headroom.dev", "v1alpha1", "nodeheadrooms", f"{prefix}-{short}"
+        )
+
+
+def test_fit_reasons_per_gpu_device(cli: Cli, gpu_headrooms: str) -> None:
+    """The third 50 GiB claim on 2 × 80 GiB GPUs fits nowhere although 60 GiB are free."""
+    p, selector = gpu_headrooms, f"fit-test={gpu_headrooms}"
+    third = cli("fit", "--ram", "0", "--vram", "51200", "-l", selector)
+    assert third.returncode == 0, third.stderr
+    assert [line.split() for line in third.stdout.splitlines()] == [
+        ["NODE", "ALLOCATABLE", "FREE-VRAM", "FREE-DEVICE", "ENTRIES", "QUEUED"],
+        [f"{p}-gpu-half", "32768", "112640", "81920", "1/110", "0"],
+    ]
+    refused = cli("fit", "--ram", "0", "--vram", "81921", "--gpus", "1", "-l", selector)
+    assert refused.returncode == 1
+    assert_one_line_error(
+        refused,
+        f"{p}-gpu-full: free VRAM 61440 MiB < 81921 MiB",  # the node-wide sum first
+        f"{p}-gpu-half: needs 1 device with 81921 MiB free; 0 of 2 have it "
+        "(free MiB: gfd-1 81920, gfd-0 30720)",
+    )
+    spread = cli(
+        "fit", "--ram", "0", "--vram", "51200", "--gpus", "2", "-l", selector, "-o", "json"
+    )
+    assert [(d["node"], d["largestFreeDeviceMB"]) for d in json.loads(spread.stdout)] == [
+        (f"{p}-gpu-half", 81920),
+        (f"{p}-gpu-full", 30720),
+    ]
+    devices = cli("nodes", "--devices")
+    mine = [line.split() for line in devices.stdout.splitlines() if line.startswith(p)]
+    assert mine == [
+        [f"{p}-gpu-full", "gfd-0", "gpu", "-", "81920", "51200", "30720"],
+        [f"{p}-gpu-full", "gfd-1", "gpu", "-", "81920", "51200", "30720"],
+        [f"{p}-gpu-half", "gfd-0", "gpu", "-", "81920", "51200", "30720"],
+        [f"{p}-gpu-half", "gfd-1", "gpu", "-", "81920", "0", "81920"],
+    ]

@@ -26,6 +26,7 @@ from kubernetes import client
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane, free_port
 from tests.integration.cli_checks import Hold, assert_one_line_error, kubeconfig_like_admin, run
+from tests.integration.stand_in import UUIDS, DeviceAdmitter
 
 READS_ITS_RESERVATION = textwrap.dedent(
     """
@@ -74,6 +75,48 @@ def test_the_command_runs_while_the_claim_is_admitted_then_it_is_released(
     assert through_kubectl.returncode == 0, through_kubectl.stderr
     assert through_kubectl.stdout.split()[1:] == ["1024", "Admitted"]
     assert rsv.list_all(custom, namespace) == []
+
+
+def test_the_command_sees_the_gpu_devices_of_its_claim(
+    device_admitter: DeviceAdmitter,
+    hold: Hold,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """Admitted on two GPUs (a stand-in writes the status as the operator would)."""
+    echo = ["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES" "$HEADROOM_DEVICES"']
+    argv = hold("--node", "gpu-node", "--ram", "0", "--vram", "4096", "--gpus", "2", command=echo)
+    result = run(argv)
+    assert result.returncode == 0, result.stderr
+    both = ",".join(UUIDS)
+    assert result.stdout.split() == [both, both]
+    assert "replaces" not in result.stderr
+    assert rsv.list_all(custom, namespace) == []
+    inherited = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"},
+    )
+    assert inherited.returncode == 0, inherited.stderr
+    assert inherited.stdout.split() == [both, both]
+    assert f"hold: CUDA_VISIBLE_DEVICES={both} replaces the inherited '0'" in inherited.stderr
+    device_admitter.ids = ("gfd-0",)  # an inventory without UUIDs: CUDA is left alone
+    synthetic = subprocess.run(
+        hold("--node", "gpu-node", "--ram", "0", "--vram", "4096", command=echo),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "3"},
+    )
+    assert synthetic.returncode == 0, synthetic.stderr
+    assert synthetic.stdout.split() == ["3", "gfd-0"]
+    bad = run(hold("--node", "gpu-node", "--vram", "1", "--ram", "0", "--gpus", "-1", command=echo))
+    assert bad.returncode == 2
+    assert_one_line_error(bad, "--gpus: Invalid value: -1: should be greater than or equal to 0")
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ NODE_HELP = (
     "a Node name, or auto: the best node now (as `fit` orders them) and, when it "
     "refuses for lack of room, the next (at most 3)"
 )
+GPUS_HELP = "GPU devices vram is spread over (default 1 when --vram > 0; 0: node-wide sum)"
 SELECTOR_HELP = "with --node auto: only Nodes matching this label selector (needs list on nodes)"
 
 
@@ -58,7 +59,13 @@ def _add_commands(
     def parser(name: str, help_: str) -> argparse.ArgumentParser:
         return subcommands.add_parser(name, help=help_, parents=[common])
 
-    parser("nodes", "per-node headroom").set_defaults(handler=commands.nodes)
+    p = parser("nodes", "per-node headroom")
+    p.add_argument(
+        "--devices",
+        action="store_true",
+        help="one row per GPU device (memory, reserved, free MiB) instead of one per node",
+    )
+    p.set_defaults(handler=commands.nodes)
     parser("summary", "cluster-wide totals").set_defaults(handler=summary.command)
     p = parser("why", "why a reservation (or pod/NAME, a gated pod) is where it is")
     p.add_argument("reservation", help="a reservation's name, or pod/NAME")
@@ -67,6 +74,7 @@ def _add_commands(
     p.add_argument("--node", required=True, help=NODE_HELP)
     p.add_argument("--ram", required=True, help=f"MiB, 0 .. {MAX_MB}")
     p.add_argument("--vram", default="0", help=f"MiB, 0 .. {MAX_MB}")
+    p.add_argument("--gpus", metavar="N", help=GPUS_HELP)
     p.add_argument("--ttl", help="hard expiry from now, e.g. 1h")
     p.add_argument("--name", help="default: rsv-<random>")
     p.add_argument("--description")
@@ -102,6 +110,7 @@ def _add_commands(
     p.add_argument("--node", required=True, help=NODE_HELP)
     p.add_argument("--ram", required=True, help=f"MiB, 0 .. {MAX_MB}")
     p.add_argument("--vram", default="0", help=f"MiB, 0 .. {MAX_MB}")
+    p.add_argument("--gpus", metavar="N", help=GPUS_HELP)
     p.add_argument("--ttl", help="hard expiry from now, e.g. 8h")
     p.add_argument(
         "--wait",

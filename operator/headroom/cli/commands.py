@@ -4,6 +4,12 @@ their own modules).
 Each does what the caller's rights allow and says on stderr what it could not
 read: a tenant bound to ``headroom-edit`` in one namespace may read its
 reservations but not the cluster-scoped NodeHeadrooms, and may not list Events.
+
+``nodes`` adds a GPU-FREE column when some node lists its GPU devices: the most
+MiB free on one device, the largest one-GPU claim that fits there (the node-wide
+VRAM column alone would promise 150 GiB on 2 × 80 GiB GPUs holding 50 GiB
+each). ``nodes --devices`` lists the devices themselves, one row each, rather
+than a wide table: a node may have up to 1024 of them (MIG).
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ def nodes(args: Args) -> int:
             Exit.UNREACHABLE,
             f"cannot list NodeHeadrooms: {describe_api_error(error)}. {NODEHEADROOM_GRANT}",
         ) from None
+    if getattr(args, "devices", False):
+        return _devices(items, args.output)
+    with_devices = any(isinstance((i.get("status") or {}).get("devices"), list) for i in items)
     rows = []
     for item in items:
         s = item.get("status") or {}
@@ -60,6 +69,7 @@ def nodes(args: Args) -> int:
                 s.get("totalRAMMB"),
                 s.get("reservedRAMMB"),
                 f"{vram}/{capacity}" if capacity is not None else f"{vram}/-",
+                *([_gpu_free(s)] if with_devices else []),
                 s.get("allocatableRAMMB"),
                 s.get("utilizationPercent"),
                 s.get("activeEntries"),
@@ -68,7 +78,45 @@ def nodes(args: Args) -> int:
         )
     data = [{"node": i["metadata"]["name"], **(i.get("status") or {})} for i in items]
     headers = ["NODE", "TOTAL", "RESERVED", "VRAM", "ALLOCATABLE", "UTIL%", "ENTRIES", "STALE"]
+    if with_devices:
+        headers.insert(4, "GPU-FREE")
     emit(data, table(headers, rows), args.output)
+    return Exit.DONE
+
+
+def _gpu_free(status: readers.JSON) -> object:
+    """The most MiB free on one device: ``-`` without devices, ``unlimited`` when free
+    is not bounded (a VRAM overcommit ratio of 0)."""
+    if not isinstance(status.get("devices"), list):
+        return "-"
+    largest = status.get("largestFreeDeviceMB")
+    return "unlimited" if largest is None else largest
+
+
+def _devices(items: list[readers.JSON], output: str) -> int:
+    """``nodes --devices``: one row per GPU device, nodes in order, devices by id."""
+    rows, data = [], []
+    for item in items:
+        node = item["metadata"]["name"]
+        devices = (item.get("status") or {}).get("devices")
+        for device in devices if isinstance(devices, list) else []:
+            if not isinstance(device, dict):
+                continue
+            free = device.get("freeMB")
+            rows.append(
+                [
+                    node,
+                    device.get("id"),
+                    device.get("kind"),
+                    device.get("model") or "-",
+                    device.get("memoryMB"),
+                    device.get("reservedMB"),
+                    "unlimited" if free is None else free,
+                ]
+            )
+            data.append({"node": node, **device})
+    headers = ["NODE", "DEVICE", "KIND", "MODEL", "MEMORY", "RESERVED", "FREE"]
+    emit(data, table(headers, rows), output)
     return Exit.DONE
 
 

@@ -1,10 +1,17 @@
-"""``kubectl headroom fit --ram MiB [--vram MiB] [-l selector]``: where a claim fits now.
+"""``kubectl headroom fit --ram MiB [--vram MiB [--gpus N]] [-l selector]``: where a claim fits now.
 
 Placement code and people ask "where can I put 8 GiB?" before they claim; the
 answer comes from the NodeHeadrooms, ordered by the rule ``--node auto`` uses
 (``headroom.client.placement``): most allocatable RAM first, then most free VRAM,
 then the name. ``-l`` selects by the Node's labels, which the operator copies onto
 each NodeHeadroom: whoever may read NodeHeadrooms may select, no right on Nodes needed.
+
+A node that lists its GPU devices admits VRAM per device, as the operator does: a
+claim of ``--vram V --gpus N`` needs N devices with ``ceil(V / N)`` MiB free each
+(``--gpus`` defaults to 1; 0 asks only the node's VRAM sum). Three 50 GiB claims do
+not fit on two 80 GiB GPUs, and the refusal says so with each device's free MiB.
+When some listed node has devices, the table has a FREE-DEVICE column: the most MiB
+free on one device (``unlimited`` under a VRAM overcommit ratio of 0).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from headroom.cli.exits import CommandError, Exit, UsageError
 from headroom.cli.output import emit, table
 from headroom.client import placement
 from headroom.client.errors import InvalidClaimError, PlacementError
+from headroom.client.placement import NodeRoom
 from headroom.client.spec import request
 
 ORDER = (
@@ -24,16 +32,22 @@ ORDER = (
     "room keeps the most after the claim, so a retry or the next claim fits too, and "
     "claims spread over the nodes."
 )
+GPUS_HELP = (
+    "GPU devices the VRAM is spread over: each needs ceil(vram / gpus) MiB free "
+    "(default 1 when --vram > 0; 0: only the node-wide VRAM sum)"
+)
 
 
 def add(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "List the nodes where a claim of this size fits now (capacity known, under the "
-        "entry cap, allocatable RAM and, where known, free VRAM enough), from the "
+        "entry cap, allocatable RAM and, where known, free VRAM enough; where the node "
+        "lists its GPU devices, --gpus of them with the share free), from the "
         f"NodeHeadrooms. {ORDER} Exit 1 when none fits."
     )
     parser.add_argument("--ram", required=True, help="MiB")
     parser.add_argument("--vram", default="0", help="MiB (default 0)")
+    parser.add_argument("--gpus", metavar="N", help=GPUS_HELP)
     parser.add_argument(
         "-l",
         "--selector",
@@ -42,31 +56,50 @@ def add(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=command)
 
 
+def free_device(room: NodeRoom) -> str:
+    """The FREE-DEVICE cell: ``-`` without devices, ``unlimited``, or the MiB."""
+    if not room.has_devices:
+        return "-"
+    mib = room.largest_free_device_mb
+    return "unlimited" if mib is None else str(mib)
+
+
 def command(args: argparse.Namespace) -> int:
     try:
-        size = request(node=None, ram_mb=args.ram, vram_mb=args.vram, labels=arguments.FLAGS)
+        size = request(
+            node=None,
+            ram_mb=args.ram,
+            vram_mb=args.vram,
+            gpus=args.gpus,
+            labels=arguments.FLAGS,
+        )
     except InvalidClaimError as error:
         raise UsageError(str(error)) from None
     cluster = readers.connect(args.kubeconfig, args.context, args.namespace)
     try:
-        rooms = placement.read(cluster, size.ram_mb, size.vram_mb, args.selector)
+        rooms = placement.read(cluster, size.ram_mb, size.vram_mb, args.selector, size.gpus)
     except PlacementError as error:
         raise CommandError(Exit.UNREACHABLE, str(error)) from None
     fitting = [room for room in rooms if room.fits]
     if not fitting:
         raise CommandError(
-            Exit.REFUSED, placement.no_room(rooms, size.ram_mb, size.vram_mb, args.selector)
+            Exit.REFUSED,
+            placement.no_room(rooms, size.ram_mb, size.vram_mb, args.selector, size.gpus),
         )
+    devices = any(room.has_devices for room in fitting)
     rows = [
         [
             room.node,
             room.allocatable_ram_mb,
             "-" if room.free_vram_mb is None else room.free_vram_mb,
+            *([free_device(room)] if devices else []),
             f"{room.active_entries}/{room.max_entries}",
             room.queued_entries,
         ]
         for room in fitting
     ]
     headers = ["NODE", "ALLOCATABLE", "FREE-VRAM", "ENTRIES", "QUEUED"]
+    if devices:
+        headers.insert(3, "FREE-DEVICE")
     emit([room.as_json() for room in fitting], table(headers, rows), args.output)
     return Exit.DONE

@@ -6,6 +6,15 @@ heartbeated while it runs, released when it ends, whatever ends it. The command
 finds its claim in ``$HEADROOM_RESERVATION`` (``namespace/name``); ``hold`` exits
 with the command's code (128 + N when signal N ended it).
 
+GPU devices: when the claim was admitted on devices (``--vram`` on a node whose
+GPU inventory the operator reads; ``--gpus N`` for N of them), the command finds
+their ids in ``$HEADROOM_DEVICES``, comma-joined in the order the status lists
+them. When every id is an NVIDIA UUID (``GPU-…``, ``MIG-…``) ``CUDA_VISIBLE_DEVICES``
+is set to them too, so CUDA sees the devices the ledger holds memory on and no
+other; it replaces an inherited value (``hold`` says so on stderr when it differs).
+When an id is synthetic (``gfd-0``, an inventory from labels without UUIDs) CUDA
+could not take it, and an inherited ``CUDA_VISIBLE_DEVICES`` is left as it was.
+
 Signals, as a shell and ``tini`` treat a foreground job: the command runs in its
 own process group; when ``hold`` has the terminal it hands it to that group, so a
 Ctrl-C (or Ctrl-Z) from the terminal reaches the command once, directly. SIGINT,
@@ -26,13 +35,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from headroom.cli import arguments, readers
 from headroom.cli.exits import CommandError, Exit, UsageError
 from headroom.client import procedure
 from headroom.client.claim import ClaimContext, Options
+from headroom.client.devices import device_list
 from headroom.client.errors import (
     ClaimLostError,
     ClaimRefusedError,
@@ -40,9 +50,13 @@ from headroom.client.errors import (
     NoNodeFitsError,
     PlacementError,
 )
+from headroom.client.held import ClaimView
 
 #: The variable that tells the command which reservation holds its memory.
 RESERVATION_VARIABLE = "HEADROOM_RESERVATION"
+#: The claim's GPU device ids, comma-joined (set only when it holds devices).
+DEVICES_VARIABLE = "HEADROOM_DEVICES"
+CUDA_VARIABLE = "CUDA_VISIBLE_DEVICES"
 FORWARDED = (
     signal.SIGINT,
     signal.SIGTERM,
@@ -78,7 +92,7 @@ def command(args: argparse.Namespace) -> int:
     try:
         with ClaimContext(opts, handle_sigterm=True) as held:
             say(f"holding {held.reference} on node {held.node}: {held.message}")
-            code = run(argv, {**os.environ, RESERVATION_VARIABLE: held.reference})
+            code = run(argv, command_env(os.environ, held, say))
             if held.release():
                 say(f"released {held.reference}")
             else:
@@ -99,6 +113,23 @@ def command(args: argparse.Namespace) -> int:
     except (PlacementError, ClaimLostError) as error:
         raise CommandError(Exit.UNREACHABLE, f"{error}; the command was not run") from None
     return code
+
+
+def command_env(
+    environ: Mapping[str, str], held: ClaimView, report: Callable[[str], None]
+) -> dict[str, str]:
+    """The command's environment: ``hold``'s, plus the claim (see the module's text)."""
+    env = {**environ, RESERVATION_VARIABLE: held.reference}
+    devices = device_list(held.devices)
+    if devices is not None:
+        env[DEVICES_VARIABLE] = devices
+    cuda = held.cuda_visible_devices
+    if cuda is not None:
+        inherited = environ.get(CUDA_VARIABLE)
+        if inherited is not None and inherited != cuda:
+            report(f"{CUDA_VARIABLE}={cuda} replaces the inherited {inherited!r}")
+        env[CUDA_VARIABLE] = cuda
+    return env
 
 
 def run(argv: list[str], env: dict[str, str]) -> int:

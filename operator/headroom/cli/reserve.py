@@ -12,6 +12,11 @@ in the meantime: that decision is reported instead.
 NodeHeadrooms were written), deletes it and tries the next, at most three nodes;
 each attempt is a new reservation.
 
+``--gpus N`` spreads ``--vram`` over N GPU devices (``spec.gpus``). An admission on
+devices is printed with them, a second line: ``devices: GPU-…,GPU-…`` and the
+``CUDA_VISIBLE_DEVICES`` value they make (only when every id is a UUID); ``-o json``
+has them in ``devices`` as the status does.
+
 ``--wait-for-room D`` sets ``spec.wait``: a reservation that does not fit now is
 Queued for up to D instead of refused; ``--wait`` then waits through the queue
 (the default ``--timeout`` grows by D), and ``--node auto`` may pick a node where
@@ -39,6 +44,7 @@ from headroom.cli.exits import (
 )
 from headroom.cli.output import emit
 from headroom.client import placement, procedure
+from headroom.client.devices import cuda_visible_devices, device_list, devices_of
 from headroom.client.errors import PlacementError
 from headroom.client.procedure import NODE_FULL
 from headroom.client.spec import ClaimRequest
@@ -99,7 +105,9 @@ def _best_nodes(
 ) -> list[str]:
     """``--node auto``: the nodes to try, best first, at most MOST_NODES."""
     try:
-        rooms = placement.read(cluster, request.ram_mb, request.vram_mb, args.selector)
+        rooms = placement.read(
+            cluster, request.ram_mb, request.vram_mb, args.selector, request.gpus
+        )
     except PlacementError as error:
         raise CommandError(Exit.UNREACHABLE, str(error)) from None
     may_wait = request.wait is not None
@@ -107,7 +115,7 @@ def _best_nodes(
     if not best:
         raise CommandError(
             Exit.REFUSED,
-            placement.no_room(rooms, request.ram_mb, request.vram_mb, args.selector),
+            placement.no_room(rooms, request.ram_mb, request.vram_mb, args.selector, request.gpus),
         )
     return [room.node for room in best]
 
@@ -163,6 +171,13 @@ def _decided(cluster: readers.Cluster, obj: JSON, args: argparse.Namespace) -> i
     name, status = obj["metadata"]["name"], obj.get("status") or {}
     phase = status["phase"]
     text = f"reservation.headroom.dev/{name} {phase.lower()}: {status.get('message', '')}"
+    held = devices_of(status) if phase == "Admitted" else ()
+    if held:
+        text += f"\ndevices: {device_list(held)}"
+        cuda = cuda_visible_devices(held)
+        text += (
+            f" (CUDA_VISIBLE_DEVICES={cuda})" if cuda else " (not UUIDs: no CUDA_VISIBLE_DEVICES)"
+        )
     emit(_data(cluster, obj), text, args.output)
     if phase != "Admitted":
         print(f"{status.get('reason')}: {status.get('message')}", file=sys.stderr)

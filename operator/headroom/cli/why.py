@@ -18,6 +18,7 @@ from headroom.api.constants import RESERVATION_ANNOTATION, SCHEDULING_GATE
 from headroom.cli import arguments, readers
 from headroom.cli.exits import CommandError, Exit, describe_api_error, is_forbidden
 from headroom.cli.output import emit
+from headroom.client.devices import devices_of
 
 JSON = dict[str, Any]
 POD_PREFIXES = ("pod/", "pods/", "po/")
@@ -53,15 +54,19 @@ def why(args: argparse.Namespace) -> int:
         return Exit.DONE
     spec, status = obj["spec"], obj.get("status") or {}
     data |= {"name": name, "uid": obj["metadata"]["uid"], "spec": spec, "status": status}
+    gpus = spec.get("gpus")
+    over = "" if gpus is None or not spec.get("vramMB") else f" over {gpus} GPUs"
     lines += [
         f"Reservation {cluster.namespace}/{name}: {spec.get('ramMB')} MiB RAM, "
-        f"{spec.get('vramMB', 0)} MiB VRAM on node {spec.get('node')}",
+        f"{spec.get('vramMB', 0)} MiB VRAM{over} on node {spec.get('node')}",
         f"Phase:   {status.get('phase', 'Pending')}",
         f"Reason:  {status.get('reason', '-')}",
         f"Message: {status.get('message', 'not decided yet')}",
     ]
     if status.get("phase") == "Queued" and status.get("queuePosition"):
         lines.append(f"Queue:   position {status['queuePosition']} on node {spec.get('node')}")
+    if held := devices_of(status):
+        lines.append("Devices: " + ", ".join(f"{d.id} ({d.memory_mb} MiB)" for d in held))
     for key in ("admittedAt", "lastHeartbeat", "reclaimedAt"):
         if status.get(key):
             lines.append(f"{key}: {status[key]}")

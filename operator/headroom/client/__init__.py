@@ -7,7 +7,9 @@ turn a refusal into an exception with the reason and the numbers, heartbeat at a
 safe fraction of the node's stale window, and delete the reservation however the
 block ends (normally, by an exception, on SIGTERM). ``claim_async`` is the same for
 asyncio. ``AUTO`` places the claim on the best node (see ``placement``) and tries
-the next one when that node filled up in the meantime.
+the next one when that node filled up in the meantime. ``gpus=N`` spreads
+``vram_mb`` over N GPU devices; an admitted claim's ``devices`` and
+``cuda_visible_devices`` say which (``headroom.client.devices``).
 
 It talks to the API server with the official ``kubernetes`` client, as
 ``kubectl headroom`` does, from a kubeconfig or from inside a pod; never with the
@@ -17,6 +19,7 @@ operator's own code.
 from headroom.client.aio import AsyncClaim, AsyncClaimContext, claim_async
 from headroom.client.claim import Claim, ClaimContext, claim
 from headroom.client.connection import Connection, connect, from_kubeconfig, in_cluster, this_pod
+from headroom.client.devices import Device
 from headroom.client.errors import (
     ClaimError,
     ClaimLostError,
@@ -42,6 +45,7 @@ __all__ = [
     "ClaimRefusedError",
     "ClaimTimeoutError",
     "Connection",
+    "Device",
     "InvalidClaimError",
     "NoNodeFitsError",
     "NodeRoom",

@@ -58,6 +58,7 @@ def options(
     *,
     ram_mb: int,
     vram_mb: int,
+    gpus: int | None,
     ttl: timedelta | str | None,
     wait: timedelta | str | None,
     timeout: timedelta | float | str | None,
@@ -87,6 +88,7 @@ def options(
         node=None if isinstance(node, AutoNode) else node,
         ram_mb=ram_mb,
         vram_mb=vram_mb,
+        gpus=gpus,
         ttl=ttl,
         wait=wait,
         description=description,
@@ -280,6 +282,7 @@ def claim(
     *,
     ram_mb: int = 0,
     vram_mb: int = 0,
+    gpus: int | None = None,
     ttl: timedelta | str | None = None,
     wait: timedelta | str | None = None,
     timeout: timedelta | float | str | None = None,
@@ -300,7 +303,9 @@ def claim(
     waits for the decision (through ``Queued`` when ``wait`` allows) up to
     ``timeout`` (default: 60 s plus ``wait``); it returns a :class:`Claim`, or
     raises :class:`ClaimRefusedError` (the reason and the numbers), :class:`ClaimTimeoutError`
-    or :class:`NoNodeFitsError`. Leaving the block releases it. ``ttl`` sets a hard expiry;
+    or :class:`NoNodeFitsError`. Leaving the block releases it. ``gpus`` spreads
+    ``vram_mb`` over that many GPU devices (default 1; 0: only the node's VRAM sum); the
+    claim's ``devices`` and ``cuda_visible_devices`` say which. ``ttl`` sets a hard expiry;
     ``owner_pod=True`` names this pod (``$POD_NAME``), which must carry the label
     ``headroom.dev/owner=true``. ``report`` receives progress lines (queued, node
     chosen, node refused it); the default logs them. ``connection`` defaults to
@@ -310,6 +315,7 @@ def claim(
         node,
         ram_mb=ram_mb,
         vram_mb=vram_mb,
+        gpus=gpus,
         ttl=ttl,
         wait=wait,
         timeout=timeout,

@@ -1,10 +1,15 @@
-"""An admitted claim: what a program holds, as both the sync and async APIs show it."""
+"""An admitted claim: what a program holds, as both the sync and async APIs show it.
+
+Its GPU devices are read once, from the status that admitted it: they are part of
+the operator's decision (under its stamp) and never change while it is admitted.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from headroom.client.connection import Connection
+from headroom.client.devices import Device, cuda_visible_devices
 from headroom.client.errors import ClaimLostError, ClaimRefusedError
 
 #: Heartbeats come this often when the node's stale window cannot be read (the caller
@@ -26,6 +31,8 @@ class Held:
     ram_mb: int
     vram_mb: int
     message: str
+    #: The GPU devices its VRAM is on, in status order (``headroom.client.devices``).
+    devices: tuple[Device, ...] = ()
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     #: ``caller``, ``NodeHeadroom`` (a third of its stale window) or ``default``.
     interval_from: str = "default"
@@ -94,6 +101,19 @@ class ClaimView:
     def message(self) -> str:
         """The operator's admission sentence, with the numbers."""
         return self._held.message
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """The GPU devices its VRAM is on and the MiB on each, as admitted (empty when
+        it holds no VRAM per device: no VRAM, ``gpus=0``, or no inventory on the node)."""
+        return self._held.devices
+
+    @property
+    def cuda_visible_devices(self) -> str | None:
+        """What ``CUDA_VISIBLE_DEVICES`` should be: the device UUIDs, comma-joined; None
+        when it holds no device or one is not an NVIDIA UUID (a synthetic id such as
+        ``gfd-0``, which CUDA cannot take)."""
+        return cuda_visible_devices(self._held.devices)
 
     @property
     def heartbeat_interval(self) -> float:

@@ -10,9 +10,17 @@ is not a pod: nothing moves it later to defragment.
 
 **A node fits** when its capacity is known, it is under its entry cap, its
 allocatable RAM is at least the RAM asked and, where its VRAM capacity is known,
-its free VRAM is at least the VRAM asked: the operator's admission test, applied to
-the figures it last published (at most ``summaryInterval`` old). A node can fill up
-between this reading and the claim; ``--node auto`` then tries the next one.
+its free VRAM is at least the VRAM asked and, where it lists its GPU devices, at
+least ``gpus`` of them have the claim's share (``ceil(vram / gpus)``) free, as the
+operator admits per device (``headroom.client.devices``): the operator's admission
+test, applied to the figures it last published (at most ``summaryInterval`` old). A
+node can fill up between this reading and the claim; ``--node auto`` then tries the
+next one.
+
+The order is the same for claims on devices: the per-device test only removes the
+nodes where the claim cannot go. A tiebreak by the largest free device was weighed
+and left out: the node-wide free VRAM already ranks the emptier GPU node first, and
+one rule for every claim is easier to predict.
 
 A label selector is sent with the NodeHeadroom list: the operator copies each
 Node's labels onto its NodeHeadroom, so whoever may read NodeHeadrooms (a tenant
@@ -28,11 +36,12 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from headroom.api.models import NodeHeadroomStatus
+from headroom.api.models import DeviceHeadroom, NodeHeadroomStatus
 from headroom.client import calls
 from headroom.client.connection import Connection, connect
+from headroom.client.devices import device_fit, largest_free_mb, spread_over
 from headroom.client.errors import PlacementError, api_message
-from headroom.client.spec import MIB, SCHEMA_NAMES, check
+from headroom.client.spec import GPUS, MIB, SCHEMA_NAMES, check
 
 JSON = dict[str, Any]
 #: What grants reading NodeHeadrooms; quoted wherever they are forbidden.
@@ -41,6 +50,7 @@ NODEHEADROOM_GRANT = (
     "grants reading them (chart value nodeHeadroomReaders)"
 )
 _STATUS_FIELDS = {field.alias or name for name, field in NodeHeadroomStatus.model_fields.items()}
+_DEVICE_FIELDS = {field.alias or name for name, field in DeviceHeadroom.model_fields.items()}
 
 
 #: The rule, in a few words, for messages.
@@ -74,6 +84,10 @@ class NodeRoom:
     queued_entries: int = 0
     #: Within the node's limits once others leave: a claim that may wait can queue here.
     could_fit_later: bool = False
+    #: MiB free on the emptiest GPU device; None without devices or when unlimited.
+    largest_free_device_mb: int | None = None
+    #: Whether the node lists its GPU devices (admits VRAM per device).
+    has_devices: bool = False
 
     def as_json(self) -> JSON:
         return {
@@ -85,17 +99,41 @@ class NodeRoom:
             "activeEntries": self.active_entries,
             "maxEntries": self.max_entries,
             "queuedEntries": self.queued_entries,
+            "largestFreeDeviceMB": self.largest_free_device_mb,
         }
 
 
-def assess(headroom: JSON, ram_mb: int, vram_mb: int) -> NodeRoom:
-    """How a claim of this size stands on the node this NodeHeadroom describes."""
+def readable_devices(items: object) -> list[DeviceHeadroom] | None:
+    """A NodeHeadroom's devices, each read on its own: fields added later are ignored
+    and a device that cannot be read is left out (it then counts as having no room),
+    so that one odd device never hides the node's other figures."""
+    if not isinstance(items, list):
+        return None
+    readable = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        try:
+            readable.append(
+                DeviceHeadroom.model_validate(
+                    {key: value for key, value in item.items() if key in _DEVICE_FIELDS}
+                )
+            )
+        except ValidationError:
+            continue
+    return readable
+
+
+def assess(headroom: JSON, ram_mb: int, vram_mb: int, gpus: int | None = None) -> NodeRoom:
+    """How a claim of this size (``vram_mb`` over ``gpus`` devices: None is the operator's
+    default, 1) stands on the node this NodeHeadroom describes."""
     name = str(headroom["metadata"]["name"])
     raw = headroom.get("status") or {}
+    known = {key: value for key, value in raw.items() if key in _STATUS_FIELDS}
+    if "devices" in known:
+        known["devices"] = readable_devices(known["devices"])
     try:
-        status = NodeHeadroomStatus.model_validate(
-            {key: value for key, value in raw.items() if key in _STATUS_FIELDS}
-        )
+        status = NodeHeadroomStatus.model_validate(known)
     except ValidationError:
         return NodeRoom(name, False, "no figures published yet")
     free_vram = (
@@ -103,11 +141,15 @@ def assess(headroom: JSON, ram_mb: int, vram_mb: int) -> NodeRoom:
         if status.vram_capacity_mb is None
         else max(0, status.vram_capacity_mb - status.reserved_vram_mb)
     )
+    spread = spread_over(vram_mb, gpus)
+    devices = status.devices
+    per_device = device_fit(devices, vram_mb, spread) if devices is not None and spread else None
     could_fit_later = (
         status.capacity_known
         and status.max_entries > 0
         and (status.limit_ram_mb is None or status.limit_ram_mb >= ram_mb)
         and (status.vram_capacity_mb is None or status.vram_capacity_mb >= vram_mb)
+        and (per_device is None or per_device.fits_later)
     )
     if not status.capacity_known:
         why_not: str | None = "capacity unknown"
@@ -117,6 +159,8 @@ def assess(headroom: JSON, ram_mb: int, vram_mb: int) -> NodeRoom:
         why_not = f"allocatable {status.allocatable_ram_mb} MiB < {ram_mb} MiB"
     elif free_vram is not None and free_vram < vram_mb:
         why_not = f"free VRAM {free_vram} MiB < {vram_mb} MiB"
+    elif per_device is not None and not per_device.fits:
+        why_not = per_device.why_not()
     else:
         why_not = None
     return NodeRoom(
@@ -129,6 +173,8 @@ def assess(headroom: JSON, ram_mb: int, vram_mb: int) -> NodeRoom:
         max_entries=status.max_entries,
         queued_entries=status.queued_entries,
         could_fit_later=could_fit_later,
+        largest_free_device_mb=None if devices is None else largest_free_mb(devices),
+        has_devices=devices is not None,
     )
 
 
@@ -138,15 +184,21 @@ def order(room: NodeRoom) -> tuple[int, int, int, str]:
     return (-room.allocatable_ram_mb, vram_known, -(room.free_vram_mb or 0), room.node)
 
 
-def rank(headrooms: Iterable[JSON], ram_mb: int, vram_mb: int) -> list[NodeRoom]:
+def rank(
+    headrooms: Iterable[JSON], ram_mb: int, vram_mb: int, gpus: int | None = None
+) -> list[NodeRoom]:
     """Every node: those that fit now first, best first; then the others, by name."""
-    rooms = [assess(h, ram_mb, vram_mb) for h in headrooms]
+    rooms = [assess(h, ram_mb, vram_mb, gpus) for h in headrooms]
     fitting = sorted((r for r in rooms if r.fits), key=order)
     return fitting + sorted((r for r in rooms if not r.fits), key=lambda r: r.node)
 
 
 def read(
-    conn: Connection, ram_mb: int, vram_mb: int, selector: str | None = None
+    conn: Connection,
+    ram_mb: int,
+    vram_mb: int,
+    selector: str | None = None,
+    gpus: int | None = None,
 ) -> list[NodeRoom]:
     """:func:`rank` over the NodeHeadrooms of the nodes matching ``selector`` (all without).
 
@@ -160,7 +212,7 @@ def read(
         raise PlacementError(
             f"cannot list NodeHeadrooms: {api_message(error)}. {NODEHEADROOM_GRANT}"
         ) from None
-    return rank(headrooms, ram_mb, vram_mb)
+    return rank(headrooms, ram_mb, vram_mb, gpus)
 
 
 def candidates(rooms: list[NodeRoom], *, may_wait: bool, most: int) -> list[NodeRoom]:
@@ -172,9 +224,23 @@ def candidates(rooms: list[NodeRoom], *, may_wait: bool, most: int) -> list[Node
     return fitting[:most]
 
 
-def no_room(rooms: list[NodeRoom], ram_mb: int, vram_mb: int, selector: str | None) -> str:
+def size_text(ram_mb: int, vram_mb: int, gpus: int | None = None) -> str:
+    """``4096 MiB RAM and 102400 MiB VRAM over 2 GPUs``."""
+    text = f"{ram_mb} MiB RAM" + (f" and {vram_mb} MiB VRAM" if vram_mb else "")
+    if vram_mb and gpus is not None and gpus != 1:
+        text += " over the node's GPUs" if gpus == 0 else f" over {gpus} GPUs"
+    return text
+
+
+def no_room(
+    rooms: list[NodeRoom],
+    ram_mb: int,
+    vram_mb: int,
+    selector: str | None,
+    gpus: int | None = None,
+) -> str:
     """One sentence: no node fits, and why not, node by node (the first few)."""
-    size = f"{ram_mb} MiB RAM" + (f" and {vram_mb} MiB VRAM" if vram_mb else "")
+    size = size_text(ram_mb, vram_mb, gpus)
     where = f" matching {selector!r}" if selector else ""
     if not rooms:
         return f"no node{where} has a NodeHeadroom: nowhere to claim {size}"
@@ -187,11 +253,13 @@ def nodes_with_room(
     ram_mb: int,
     vram_mb: int = 0,
     *,
+    gpus: int | None = None,
     selector: str | None = None,
     connection: Connection | None = None,
 ) -> list[NodeRoom]:
     """The nodes where a claim of this size fits now, best first (the rule above)."""
     ram: int = check(MIB, SCHEMA_NAMES["ramMB"], ram_mb)
     vram: int = check(MIB, SCHEMA_NAMES["vramMB"], vram_mb)
-    rooms = read(connection or connect(), ram, vram, selector)
+    spread = None if gpus is None else check(GPUS, SCHEMA_NAMES["gpus"], gpus, "devices")
+    rooms = read(connection or connect(), ram, vram, selector, spread)
     return [room for room in rooms if room.fits]

@@ -35,6 +35,7 @@ from kubernetes.client.exceptions import ApiException
 
 from headroom.client import calls, placement
 from headroom.client.connection import Connection
+from headroom.client.devices import devices_of
 from headroom.client.errors import (
     ClaimError,
     ClaimLostError,
@@ -140,11 +141,13 @@ def obtain(
     if request.node is not None:
         nodes = [request.node]
     else:
-        rooms = yield from call(placement.read, conn, request.ram_mb, request.vram_mb, selector)
+        rooms = yield from call(
+            placement.read, conn, request.ram_mb, request.vram_mb, selector, request.gpus
+        )
         chosen = placement.candidates(rooms, may_wait=request.wait is not None, most=MOST_NODES)
         if not chosen:
             raise NoNodeFitsError(
-                placement.no_room(rooms, request.ram_mb, request.vram_mb, selector)
+                placement.no_room(rooms, request.ram_mb, request.vram_mb, selector, request.gpus)
             )
         nodes = [room.node for room in chosen]
         report(f"node {nodes[0]} chosen ({placement.ORDER_RULE}; candidates: {nodes})")
@@ -161,6 +164,7 @@ def obtain(
                 request.ram_mb,
                 request.vram_mb,
                 str(status.get("message") or ""),
+                devices=devices_of(status),
                 refused_by=refused,
             )
         yield from call(delete_quietly, conn, obj["metadata"]["name"], obj["metadata"]["uid"])

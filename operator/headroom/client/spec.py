@@ -37,6 +37,7 @@ SCHEMA_NAMES: Mapping[str, str] = {
     "node": "spec.node",
     "ramMB": "spec.ramMB",
     "vramMB": "spec.vramMB",
+    "gpus": "spec.gpus",
     "ttl": "ttl",
     "expiresAt": "spec.expiresAt",
     "wait": "spec.wait",
@@ -52,6 +53,9 @@ NAMESPACE: TypeAdapter[str] = TypeAdapter(
     Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
 )
 MIB: TypeAdapter[int] = TypeAdapter(MB)
+#: spec.gpus with the model's own bounds (its field's metadata: ``ge``, ``le``).
+_GPUS_BOUNDS = ReservationSpec.model_fields["gpus"].metadata
+GPUS: TypeAdapter[int] = TypeAdapter(Annotated[int, *_GPUS_BOUNDS])
 WAIT: TypeAdapter[timedelta] = TypeAdapter(WaitDuration)
 #: The spec's schema as the API server holds it (patterns, lengths).
 _SPEC_SCHEMA = structural(ReservationSpec)
@@ -65,8 +69,9 @@ def shown(value: object) -> str:
     return str(value)
 
 
-def describe(label: str, error: ErrorDetails) -> str:
-    """One pydantic error in the API server's words, naming ``label``."""
+def describe(label: str, error: ErrorDetails, unit: str = "MiB") -> str:
+    """One pydantic error in the API server's words, naming ``label``; whole numbers
+    are counted in ``unit``."""
     kind, ctx, value = error["type"], error.get("ctx") or {}, error["input"]
     if kind == "string_too_long":
         return f"{label}: Too long: may not be more than {ctx['max_length']} characters"
@@ -86,18 +91,18 @@ def describe(label: str, error: ErrorDetails) -> str:
     if kind == "less_than_equal":
         return f"{label}: Invalid value: {value}: should be less than or equal to {ctx['le']}"
     if kind in ("int_parsing", "int_from_float", "int_type"):
-        return f"{label}: Invalid value: {shown(value)}: must be a whole number of MiB"
+        return f"{label}: Invalid value: {shown(value)}: must be a whole number of {unit}"
     if kind == "value_error" and "error" in ctx:  # a total parser's own sentence
         return f"{label}: Invalid value: {shown(value)}: {ctx['error']}"
     return f"{label}: Invalid value: {shown(value)}: {error['msg']}"
 
 
-def check(adapter: TypeAdapter[Any], label: str, value: object) -> Any:
+def check(adapter: TypeAdapter[Any], label: str, value: object, unit: str = "MiB") -> Any:
     """``value`` through one of the schema's types; else InvalidClaimError naming ``label``."""
     try:
         return adapter.validate_python(value)
     except ValidationError as error:
-        raise InvalidClaimError(label, describe(label, error.errors()[0])) from None
+        raise InvalidClaimError(label, describe(label, error.errors()[0], unit)) from None
 
 
 def duration(value: str | timedelta, label: str) -> timedelta:
@@ -149,6 +154,8 @@ class ClaimRequest:
     node: str | None  # None: to be placed (``--node auto``)
     ram_mb: int
     vram_mb: int = 0
+    #: Over how many GPU devices vram_mb is spread; None: not said (the operator's 1).
+    gpus: int | None = None
     ttl: timedelta | None = None
     wait: str | None = None  # as written in spec.wait
     description: str | None = None
@@ -164,6 +171,8 @@ class ClaimRequest:
         spec: JSON = {"node": node, "ramMB": self.ram_mb}
         if self.vram_mb:
             spec["vramMB"] = self.vram_mb
+        if self.gpus is not None:
+            spec["gpus"] = self.gpus
         if self.ttl is not None:
             spec["expiresAt"] = format_time(now + self.ttl)
         if self.description is not None:
@@ -190,6 +199,7 @@ def request(
     node: str | None,
     ram_mb: int | str,
     vram_mb: int | str = 0,
+    gpus: int | str | None = None,
     ttl: timedelta | str | None = None,
     wait: timedelta | str | None = None,
     description: str | None = None,
@@ -201,6 +211,7 @@ def request(
     """Every value checked as the API server would; else :class:`InvalidClaimError`."""
     ram: int = check(MIB, labels["ramMB"], ram_mb)
     vram: int = check(MIB, labels["vramMB"], vram_mb)
+    devices: int | None = None if gpus is None else check(GPUS, labels["gpus"], gpus, "devices")
     if ram == 0 and vram == 0:
         raise InvalidClaimError(
             labels["ramMB"],
@@ -217,6 +228,7 @@ def request(
         node=node,
         ram_mb=ram,
         vram_mb=vram,
+        gpus=devices,
         ttl=None if ttl is None else duration(ttl, labels["ttl"]),
         wait=written_wait,
         description=description,
