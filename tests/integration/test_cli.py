@@ -25,6 +25,7 @@ def test_nodes_table_and_json(cli: Callable[..., Any], scene: str) -> None:
             "TOTAL",
             "RESERVED",
             "VRAM",
+            "GPU-FREE",  # the scene's node has one GPU (GFD labels): its free MiB
             "ALLOCATABLE",
             "UTIL%",
             "ENTRIES",
@@ -32,7 +33,7 @@ def test_nodes_table_and_json(cli: Callable[..., Any], scene: str) -> None:
         ]
         mine = [r.split() for r in rows if r.startswith(scene)]
         assert mine, result.stdout
-        assert mine[0] == [scene, "9216", "6144", "1024/4096", "2048", "66", "1", "0"]
+        assert mine[0] == [scene, "9216", "6144", "1024/4096", "3072", "2048", "66", "1", "0"]
 
     eventually(shows)
     data = json.loads(cli("nodes", "-o", "json").stdout)

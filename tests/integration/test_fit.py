@@ -91,11 +91,11 @@ def test_fit_lists_the_nodes_that_fit_now_best_first(cli: Cli, cluster_of_nodes:
     result = cli("fit", "--ram", "4096", "--vram", "2048", "-l", f"fit-test={p}")
     assert result.returncode == 0, result.stderr
     assert [line.split() for line in result.stdout.splitlines()] == [
-        ["NODE", "ALLOCATABLE", "FREE-VRAM", "ENTRIES", "QUEUED"],
-        [f"{p}-big", "32768", "-", "0/110", "0"],  # the most RAM first
-        [f"{p}-gpu-a", "16384", "7168", "1/110", "0"],  # then the most free VRAM
-        [f"{p}-gpu-b", "16384", "2048", "1/110", "0"],
-        [f"{p}-plain", "16384", "-", "0/110", "0"],  # VRAM unknown: after the known
+        ["NODE", "ALLOCATABLE", "FREE-VRAM", "FREE-DEVICE", "ENTRIES", "QUEUED"],
+        [f"{p}-big", "32768", "-", "-", "0/110", "0"],  # the most RAM first
+        [f"{p}-gpu-a", "16384", "7168", "7168", "1/110", "0"],  # then the most free VRAM
+        [f"{p}-gpu-b", "16384", "2048", "2048", "1/110", "0"],  # (one GPU each: gfd-0)
+        [f"{p}-plain", "16384", "-", "-", "0/110", "0"],  # VRAM unknown: after the known
     ]
     data = json.loads(
         cli("fit", "--ram", "4096", "--vram", "4096", "-l", f"fit-test={p}", "-o", "json").stdout
@@ -110,7 +110,7 @@ def test_fit_lists_the_nodes_that_fit_now_best_first(cli: Cli, cluster_of_nodes:
         "activeEntries": 1,
         "maxEntries": 110,
         "queuedEntries": 0,
-        "largestFreeDeviceMB": None,  # no GPU inventory read (yet): no devices
+        "largestFreeDeviceMB": 7168,  # its one GPU (GFD labels), 1024 of 8192 held
     }
     gpus = cli("fit", "--ram", "1024", "-l", f"fit-test={p},tier=gpu")
     assert [line.split()[0] for line in gpus.stdout.splitlines()[1:]] == [

@@ -96,3 +96,62 @@ def test_the_library_example_runs_as_written(
     assert result.stdout.count("TRAINED") == 1, result.stdout
     assert result.stdout.count("SERVED") == 1, result.stdout
     assert rsv.list_all(custom, namespace) == []  # both claims released on leaving the block
+
+
+def gpu_example() -> list[dict[str, Any]]:
+    text = README.read_text()
+    section = text[text.index("## GPU memory per device") :]
+    match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert match, "the README lost its GPU example"
+    return [doc for doc in yaml.safe_load_all(match.group(1)) if doc]
+
+
+def test_the_gpu_example_admits_two_and_refuses_the_third_as_written(
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """The Node and the three claims of "GPU memory per device", node and namespace
+    swapped for the test's own; the statuses and the refusal read as the README says."""
+    node, *claims = gpu_example()
+    name = f"readme-gpu-{uuid.uuid4().hex[:6]}"
+    make_node(name, memory="32Gi", labels=node["metadata"]["labels"])
+    run_operator()
+    for claim in claims:
+        spec = claim["spec"] | {"node": name}
+        extra = {k: v for k, v in spec.items() if k not in ("node", "ramMB", "vramMB")}
+        rsv.create(
+            custom,
+            namespace,
+            claim["metadata"]["name"],
+            name,
+            spec["ramMB"],
+            spec["vramMB"],
+            **extra,
+        )
+    decided = {
+        c["metadata"]["name"]: rsv.wait_for(custom, namespace, c["metadata"]["name"])
+        for c in claims
+    }
+    a, b, c = (decided[n]["status"] for n in ("shard-a", "shard-b", "shard-c"))
+    assert (a["phase"], b["phase"]) == ("Admitted", "Admitted")
+    assert a["devices"] == [{"id": "gfd-0", "memoryMB": 51200}]  # as the README shows
+    assert b["devices"] == [{"id": "gfd-1", "memoryMB": 51200}]
+    assert (c["phase"], c["reason"]) == ("Rejected", "InsufficientVRAM")
+    said = (
+        f"node {name}: needs 1 device with 51200 MiB free; largest free 30720 MiB "
+        "(gfd-0 80 GiB, 51200 held)"
+    )
+    assert c["message"] == said
+    assert said.replace(name, "gpu-node-1") in " ".join(README.read_text().split())
+
+    def shows_the_largest_free_device() -> None:
+        listed = custom.list_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms")
+        found = [h.get("status") or {} for h in listed["items"] if h["metadata"]["name"] == name]
+        assert found, f"no NodeHeadroom for {name} yet"
+        status = found[0]
+        assert status.get("largestFreeDeviceMB") == 30720, status
+        assert status.get("gpuSource") == "GFD", status
+
+    eventually(shows_the_largest_free_device)
