@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
 
-from headroom.api.gpus import GpuDevice, GpuPolicy
+from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
@@ -43,7 +43,6 @@ from headroom.ledger.entry import Entry
 from headroom.ledger.node import NodeState
 from headroom.ledger.pods import PodKey, PodRequests
 from headroom.ledger.queue import WaitQueues
-from headroom.ledger.ratio import format_ratio
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
 
@@ -59,11 +58,6 @@ class Ledger:
         self._failures: Counter[Reason] = Counter()
         self.waiting = WaitQueues()
         self.pods = PodRequests()
-        # The last device choice, reused while nothing it depends on changed: a decision
-        # asks "does it fit?" and then "where?" of the same entry, back to back.
-        self._changes = 0  # bumped by every change to holdings, devices or limits
-        self._chosen: tuple[Entry, int, device_math.Assignment | device_math.DeviceRefusal]
-        self._chosen = (Entry("", "", 0, datetime.min, datetime.min), -1, {})
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
 
@@ -104,10 +98,10 @@ class Ledger:
     ) -> None:
         """Node added or resized. Never evicts: a shrink below reserved is over-commitment."""
         state = self._node(node)
-        self._changes += 1
         old_window = state.limits.heartbeat_stale_window
         state.total_ram_mb, state.vram_mb = total_ram_mb, vram_mb
         state.limits = limits or self.limits
+        state.changed()
         if state.limits.heartbeat_stale_window < old_window:
             for entry in state.entries.values():  # deadlines moved earlier
                 self._schedule(entry)
@@ -121,32 +115,7 @@ class Ledger:
         the node had an inventory, or before the upgrade that brought devices) are
         placed now, oldest first, so that new claims see them.
         """
-        state = self._node(node)
-        self._changes += 1
-        state.devices = devices
-        if devices is not None:
-            self._place_unassigned(state)
-
-    def _place_unassigned(self, state: NodeState) -> None:
-        self._changes += 1
-        unplaced = [e for e in state.entries.values() if state.on_devices(e) and not e.devices]
-        for entry in sorted(unplaced, key=lambda e: (e.created_at, e.id)):
-            entry.devices = self._forced_assignment(state, entry)
-            device_math.hold(state.device_held, entry.devices)
-
-    @staticmethod
-    def _forced_assignment(state: NodeState, entry: Entry) -> dict[str, int]:
-        """Devices for a claim that holds VRAM whether or not it fits (it already runs):
-        the emptiest ones; none when the node has fewer devices than it spans."""
-        chosen = device_math.choose_devices(
-            state.devices or (),
-            state.device_held,
-            entry.vram_mb,
-            entry.gpus,
-            device_math.UNLIMITED,
-            GpuPolicy.SPREAD,
-        )
-        return chosen if isinstance(chosen, dict) else {}
+        self._node(node).set_devices(devices)
 
     def over_committed_devices(self, node: str) -> list[device_math.OverCommit]:
         """Devices of ``node`` holding more than their limit, or gone while held."""
@@ -164,9 +133,9 @@ class Ledger:
             return
         if state.entries:
             old_window = state.limits.heartbeat_stale_window
-            self._changes += 1
             state.total_ram_mb = state.vram_mb = state.devices = None
             state.limits = self.limits
+            state.changed()
             if state.limits.heartbeat_stale_window < old_window:
                 for entry in state.entries.values():
                     self._schedule(entry)
@@ -195,7 +164,7 @@ class Ledger:
             self._failures[reason] += 1
             return Decision(False, reason, message, entry)
         state = self._node(entry.node)
-        chosen = self._choice(state, entry) if state.on_devices(entry) else {}
+        chosen = state.choose(entry) if state.on_devices(entry) else {}
         assert isinstance(chosen, dict), "a claim that fits has devices"
         entry.devices = chosen
         self._add(state, entry)
@@ -261,7 +230,7 @@ class Ledger:
             self._failures[reason] += 1
             return Decision(False, reason, message, entry)
         state = self._node(entry.node)
-        entry.devices = self._forced_assignment(state, entry) if state.on_devices(entry) else {}
+        entry.devices = state.forced_assignment(entry) if state.on_devices(entry) else {}
         self._add(state, entry)
         return Decision(
             True, Reason.OVER_COMMITTED, f"already running there, over the limit: {message}", entry
@@ -342,52 +311,9 @@ class Ledger:
             return Reason.NODE_UNKNOWN, (
                 f"node {node}: capacity unknown (no such Node, or it reports no memory)"
             )
-        cap = state.limits.max_entries_per_node
-        if len(state.entries) >= cap:
-            return Reason.TOO_MANY_ENTRIES, (
-                f"node {node}: {len(state.entries)} active reservations, the cap is {cap}"
-            )
-        # A claim is refused only for what it asks: a VRAM-only claim on a node over its
-        # RAM limit (after a shrink, say) takes none of the RAM that is short.
-        limit = state.limit_ram_mb()
-        if entry.ram_mb and limit is not None and state.reserved_ram_mb + entry.ram_mb > limit:
-            pods = f" − pods {state.pod_requests_mb}" if state.pod_requests_mb else ""
-            return Reason.INSUFFICIENT_RAM, (
-                f"node {node}: requested {entry.ram_mb} MiB, allocatable "
-                f"{max(limit - state.reserved_ram_mb, 0)} MiB (total {state.total_ram_mb} × "
-                f"{format_ratio(state.limits.max_overcommit_ratio)} − reserve "
-                f"{state.limits.system_reserve_mb}{pods} − reserved {state.reserved_ram_mb})"
-            )
-        vram_limit = state.limit_vram_mb()
-        if (
-            entry.vram_mb
-            and vram_limit is not None
-            and state.reserved_vram_mb + entry.vram_mb > vram_limit
-        ):
-            ratio = state.limits.max_vram_overcommit_ratio
-            scaled = "" if ratio == 1 else f" × {format_ratio(ratio)}"
-            return Reason.INSUFFICIENT_VRAM, (
-                f"node {node}: requested {entry.vram_mb} MiB VRAM, allocatable "
-                f"{max(vram_limit - state.reserved_vram_mb, 0)} MiB (VRAM {state.vram_mb}{scaled} "
-                f"− reserved {state.reserved_vram_mb})"
-            )
-        if state.on_devices(entry):
-            choice = self._choice(state, entry)
-            if isinstance(choice, device_math.DeviceRefusal):
-                return Reason.INSUFFICIENT_VRAM, choice.message(node)
-        return None
-
-    def _choice(
-        self, state: NodeState, entry: Entry
-    ) -> device_math.Assignment | device_math.DeviceRefusal:
-        last_entry, changes, choice = self._chosen
-        if last_entry is not entry or changes != self._changes:
-            choice = state.choose(entry)
-            self._chosen = (entry, self._changes, choice)
-        return dict(choice) if isinstance(choice, dict) else choice
+        return state.room_refusal(entry)
 
     def _add(self, state: NodeState, entry: Entry) -> None:
-        self._changes += 1
         state.add(entry)
         self._entries[entry.id] = entry
         self._reserved_mb += entry.ram_mb
@@ -409,7 +335,6 @@ class Ledger:
         heapq.heapify(self._deadlines)
 
     def _remove(self, entry_id: str) -> Entry:
-        self._changes += 1
         entry = self._entries.pop(entry_id)
         self._live.pop(entry_id, None)
         state = self._nodes[entry.node]
@@ -524,7 +449,7 @@ class Ledger:
         for node in touched:
             state = self._nodes[node]
             if state.devices is not None:
-                self._place_unassigned(state)
+                state.place_unassigned()
                 crowded = {o.device_id for o in state.over_committed_devices()}
                 over.extend(e for e in state.entries.values() if crowded.intersection(e.devices))
             limit, vram_limit = state.limit_ram_mb(), state.limit_vram_mb()

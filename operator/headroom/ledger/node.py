@@ -15,11 +15,14 @@ overfilling the node together.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 
-from headroom.api.gpus import GpuDevice
+from headroom.api.gpus import GpuDevice, GpuPolicy
 from headroom.api.limits import Limits
+from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
 from headroom.ledger.entry import Entry
+from headroom.ledger.ratio import format_ratio
 
 
 @dataclass(slots=True)
@@ -37,6 +40,14 @@ class NodeState:
     #: Device id -> MiB that admitted assignments hold on it, whether or not the
     #: device is in ``devices`` now (a device that went away keeps its holdings).
     device_held: dict[str, int] = field(default_factory=dict)
+    # The last device choice, kept while nothing it depends on changed: a decision asks
+    # "does it fit?" and then "where?" of the same entry, back to back.
+    _version: int = 0  # bumped by every change to holdings, devices or limits
+    _chosen: tuple[Entry | None, int, device_math.Assignment | device_math.DeviceRefusal] = (
+        None,
+        -1,
+        {},
+    )
 
     @property
     def known(self) -> bool:
@@ -63,30 +74,113 @@ class NodeState:
         device, and the node has an inventory."""
         return self.devices is not None and entry.gpus >= 1 and entry.vram_mb > 0
 
+    def changed(self) -> None:
+        """Devices or limits were set: a kept device choice no longer holds."""
+        self._version += 1
+
+    def set_devices(self, devices: tuple[GpuDevice, ...] | None) -> None:
+        """The node's inventory changed. Never moves an assignment: what admitted claims
+        hold stays on its device ids. Claims holding VRAM per device but admitted
+        without an assignment are placed now (``place_unassigned``)."""
+        self.devices = devices
+        self.changed()
+        if devices is not None:
+            self.place_unassigned()
+
     def choose(self, entry: Entry) -> device_math.Assignment | device_math.DeviceRefusal:
         """The devices ``entry`` would go on now (``on_devices`` must hold)."""
-        assert self.devices is not None
-        return device_math.choose_devices(
-            self.devices,
+        last, version, choice = self._chosen
+        if last is not entry or version != self._version:
+            assert self.devices is not None
+            choice = device_math.choose_devices(
+                self.devices,
+                self.device_held,
+                entry.vram_mb,
+                entry.gpus,
+                self.limits.max_vram_overcommit_ratio,
+                self.limits.gpu_policy,
+            )
+            self._chosen = (entry, self._version, choice)
+        return dict(choice) if isinstance(choice, dict) else choice
+
+    def forced_assignment(self, entry: Entry) -> dict[str, int]:
+        """Devices for a claim that holds VRAM whether or not it fits (it already runs, or
+        was admitted before the node had devices): the emptiest; none when the node has
+        fewer devices than the claim spans."""
+        chosen = device_math.choose_devices(
+            self.devices or (),
             self.device_held,
             entry.vram_mb,
             entry.gpus,
-            self.limits.max_vram_overcommit_ratio,
-            self.limits.gpu_policy,
+            Fraction(0),  # unlimited: every device has room
+            GpuPolicy.SPREAD,
         )
+        return chosen if isinstance(chosen, dict) else {}
+
+    def place_unassigned(self) -> None:
+        """Claims on devices admitted without an assignment (before the node had an
+        inventory, or before the upgrade that brought devices): placed oldest first, so
+        that new claims see them. No-op without devices."""
+        if self.devices is None:
+            return
+        unplaced = [e for e in self.entries.values() if self.on_devices(e) and not e.devices]
+        for entry in sorted(unplaced, key=lambda e: (e.created_at, e.id)):
+            entry.devices = self.forced_assignment(entry)
+            device_math.hold(self.device_held, entry.devices)
+            self.changed()
 
     def over_committed_devices(self) -> list[device_math.OverCommit]:
         return device_math.over_committed(
             self.devices or (), self.device_held, self.limits.max_vram_overcommit_ratio
         )
 
+    def room_refusal(self, entry: Entry) -> tuple[Reason, str] | None:
+        """Why the node has no room for ``entry`` now (its capacity is known), with the
+        numbers; None when it fits. Changes nothing."""
+        cap = self.limits.max_entries_per_node
+        if len(self.entries) >= cap:
+            return Reason.TOO_MANY_ENTRIES, (
+                f"node {self.name}: {len(self.entries)} active reservations, the cap is {cap}"
+            )
+        # A claim is refused only for what it asks: a VRAM-only claim on a node over its
+        # RAM limit (after a shrink, say) takes none of the RAM that is short.
+        limit = self.limit_ram_mb()
+        if entry.ram_mb and limit is not None and self.reserved_ram_mb + entry.ram_mb > limit:
+            pods = f" − pods {self.pod_requests_mb}" if self.pod_requests_mb else ""
+            return Reason.INSUFFICIENT_RAM, (
+                f"node {self.name}: requested {entry.ram_mb} MiB, allocatable "
+                f"{max(limit - self.reserved_ram_mb, 0)} MiB (total {self.total_ram_mb} × "
+                f"{format_ratio(self.limits.max_overcommit_ratio)} − reserve "
+                f"{self.limits.system_reserve_mb}{pods} − reserved {self.reserved_ram_mb})"
+            )
+        vram_limit = self.limit_vram_mb()
+        if (
+            entry.vram_mb
+            and vram_limit is not None
+            and self.reserved_vram_mb + entry.vram_mb > vram_limit
+        ):
+            ratio = self.limits.max_vram_overcommit_ratio
+            scaled = "" if ratio == 1 else f" × {format_ratio(ratio)}"
+            return Reason.INSUFFICIENT_VRAM, (
+                f"node {self.name}: requested {entry.vram_mb} MiB VRAM, allocatable "
+                f"{max(vram_limit - self.reserved_vram_mb, 0)} MiB (VRAM {self.vram_mb}{scaled} "
+                f"− reserved {self.reserved_vram_mb})"
+            )
+        if self.on_devices(entry):
+            choice = self.choose(entry)
+            if isinstance(choice, device_math.DeviceRefusal):
+                return Reason.INSUFFICIENT_VRAM, choice.message(self.name)
+        return None
+
     def add(self, entry: Entry) -> None:
+        self._version += 1
         self.entries[entry.id] = entry
         self.reserved_ram_mb += entry.ram_mb
         self.reserved_vram_mb += entry.vram_mb
         device_math.hold(self.device_held, entry.devices)
 
     def remove(self, entry_id: str) -> Entry:
+        self._version += 1
         entry = self.entries.pop(entry_id)
         self.reserved_ram_mb -= entry.ram_mb
         self.reserved_vram_mb -= entry.vram_mb
