@@ -216,6 +216,18 @@ def test_devices_without_a_bound_and_nodes_without_devices() -> None:
     assert ram_only.fits  # no VRAM: no device needed
 
 
+def test_the_node_wide_vram_check_uses_the_published_limit() -> None:
+    """``limitVRAMMB`` is capacity × the node's VRAM ratio; an older operator publishes
+    only the capacity (the limit at ratio 1); ratio 0 leaves the sum unlimited."""
+    over = gpu_node("over", [0, 0], limitVRAMMB=int(GIB80 * 2 * 1.5), maxVramOvercommitRatio="1.5")
+    room = placement.rank([over], 0, GIB80 * 2 + 1, gpus=2)[0]
+    assert room.free_vram_mb == GIB80 * 3
+    older = gpu_node("older", [GIB80, 0])
+    assert placement.rank([older], 0, 1, gpus=0)[0].free_vram_mb == GIB80
+    unlimited = gpu_node("free", [GIB80, GIB80], maxVramOvercommitRatio="0")
+    assert placement.rank([unlimited], 0, 1, gpus=0)[0].free_vram_mb is None
+
+
 def test_an_odd_device_is_left_out_not_the_node() -> None:
     node = gpu_node("odd", [0, 0, 0])
     devices = node["status"]["devices"]

@@ -351,6 +351,20 @@ class NodeHeadroomStatus(_Model):
         alias="vramCapacityMB",
         description="VRAM capacity from GPU labels, MiB; absent when unknown (not enforced).",
     )
+    max_vram_overcommit_ratio: str | None = Field(
+        None,
+        alias="maxVramOvercommitRatio",
+        max_length=32,
+        description="VRAM overcommit ratio in force, per device and for the sum; 0: unlimited.",
+    )
+    limit_vram_mb: SumMB | None = Field(
+        None,
+        alias="limitVRAMMB",
+        description=(
+            "VRAM capacity × VRAM overcommit ratio: the most the node's claims may hold in "
+            "sum, MiB; absent when VRAM is unknown or unlimited (ratio 0)."
+        ),
+    )
     active_entries: int = Field(
         alias="activeEntries", ge=0, description="Admitted reservations on the node."
     )

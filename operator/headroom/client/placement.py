@@ -136,11 +136,13 @@ def assess(headroom: JSON, ram_mb: int, vram_mb: int, gpus: int | None = None) -
         status = NodeHeadroomStatus.model_validate(known)
     except ValidationError:
         return NodeRoom(name, False, "no figures published yet")
-    free_vram = (
-        None
-        if status.vram_capacity_mb is None
-        else max(0, status.vram_capacity_mb - status.reserved_vram_mb)
-    )
+    # The VRAM limit (capacity × the node's VRAM ratio) where the operator publishes it;
+    # an older operator publishes only the capacity, the limit at ratio 1. Ratio 0:
+    # VRAM is not limited, as where it is unknown.
+    vram_limit = status.limit_vram_mb
+    if vram_limit is None and status.max_vram_overcommit_ratio is None:
+        vram_limit = status.vram_capacity_mb
+    free_vram = None if vram_limit is None else max(0, vram_limit - status.reserved_vram_mb)
     spread = spread_over(vram_mb, gpus)
     devices = status.devices
     per_device = device_fit(devices, vram_mb, spread) if devices is not None and spread else None

@@ -34,6 +34,8 @@ class NodeSummary:
     queued_entries: int = 0  # waiting for room (hold no capacity)
     queued_ram_mb: int = 0
     pod_requests_mb: int = 0  # requested by pods beyond their claims; out of the limit
+    limit_vram_mb: int | None = None  # VRAM × VRAM ratio; None: unknown or unlimited
+    max_vram_overcommit_ratio: Fraction = Fraction(1)
     #: Each GPU device with what it holds and may hold; None: no inventory.
     devices: tuple[DeviceRoom, ...] | None = None
     gpu_policy: GpuPolicy = GpuPolicy.BINPACK
@@ -115,4 +117,6 @@ def summarize(state: NodeState, now: datetime) -> NodeSummary:
             )
         ),
         gpu_policy=state.limits.gpu_policy,
+        limit_vram_mb=vram_limit,
+        max_vram_overcommit_ratio=state.limits.max_vram_overcommit_ratio,
     )

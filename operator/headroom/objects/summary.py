@@ -42,6 +42,10 @@ def headroom_status(
         allocatable_ram_mb=s.allocatable_ram_mb,
         reserved_vram_mb=s.reserved_vram_mb,
         vram_capacity_mb=s.vram_capacity_mb,
+        limit_vram_mb=s.limit_vram_mb,
+        max_vram_overcommit_ratio=(
+            format_ratio(s.max_vram_overcommit_ratio) if s.vram_capacity_mb is not None else None
+        ),
         active_entries=s.active_entries,
         stale_entries=s.stale_entries,
         max_entries=s.max_entries,
