@@ -185,6 +185,46 @@ def run_two_at_a_time(cluster: NodeCluster, body: dict[str, Any]) -> None:
     eventually(all_returned, timeout=15)
 
 
+def test_a_gated_pod_reads_its_gpu_devices_through_the_downward_api(
+    cluster: NodeCluster, claim_mb: int
+) -> None:
+    """The node labelled as GPU Feature Discovery labels two 8 GiB GPUs (issue 20): the
+    pod's VRAM is admitted on one device, the patch that ungates it names the device,
+    and its container reads it from its own annotation, as the README says."""
+    node = cluster.node.name
+    gfd = ["nvidia.com/gpu.count", "nvidia.com/gpu.memory"]
+    cluster.kubectl("label", "node", node, f"{gfd[0]}=2", f"{gfd[1]}=8192", "--overwrite")
+    try:
+        body = job("gpu", min(claim_mb, 256), parallelism=1, seconds=0)
+        template = body["spec"]["template"]
+        template["metadata"]["annotations"] |= {"headroom.dev/vram": "6Gi"}
+        [container] = template["spec"]["containers"]
+        container["command"] = ["sh", "-c", 'echo "devices=$DEVICES"']
+        annotation = "metadata.annotations['headroom.dev/devices']"
+        container["env"] = [
+            {"name": "DEVICES", "valueFrom": {"fieldRef": {"fieldPath": annotation}}}
+        ]
+        cluster.apply([body])
+
+        def succeeded() -> None:
+            done = cluster.get("job", "gpu", "-n", TEAM)["status"]
+            assert done.get("succeeded") == 1, done
+
+        eventually(succeeded, timeout=90)
+        [pod] = job_pods(cluster, "gpu")
+        assert pod["metadata"]["annotations"]["headroom.dev/devices"] == "gfd-0"
+        logs = cluster.kubectl("logs", "-n", TEAM, pod["metadata"]["name"])
+        assert "devices=gfd-0" in logs, logs
+
+        def released() -> None:
+            held = reservations(cluster)[pod["metadata"]["name"]].get("status") or {}
+            assert (held.get("phase"), held.get("reason")) == ("Reclaimed", "OwnerPodFinished")
+
+        eventually(released, timeout=15)
+    finally:
+        cluster.kubectl("label", "node", node, f"{gfd[0]}-", f"{gfd[1]}-")
+
+
 def test_helm_upgrade_keeps_every_gate_and_every_reservation(
     cluster: NodeCluster, claim_mb: int
 ) -> None:
