@@ -11,6 +11,7 @@ sees every node of the shared control plane.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -374,6 +375,10 @@ def test_an_ungate_refused_by_another_admission_plugin_releases_the_reservation(
         }
     )
     try:
+        # A new policy is enforced once the API server's policy informer has it; an
+        # ungate sent before that lands. Probe with pods of a foreign gate until a
+        # gate's removal is denied.
+        in_force(core, namespace)
         run_operator()
         core.create_namespaced_pod(namespace, claim_pod("held", pool, "4Gi"))
         refused = rsv.wait_for(custom, namespace, "held", phases=("Reclaimed",), timeout=30)
@@ -384,6 +389,29 @@ def test_an_ungate_refused_by_another_admission_plugin_releases_the_reservation(
     finally:
         policies.delete_validating_admission_policy_binding(name)
         policies.delete_validating_admission_policy(name)
+
+
+def in_force(core: client.CoreV1Api, namespace: str) -> None:
+    """Until the test's policy denies removing a gate (each probe pod is used once: a
+    removed gate cannot be put back)."""
+    for attempt in range(100):
+        probe = f"probe-{attempt}"
+        body = {
+            "metadata": {"name": probe},
+            "spec": {
+                "containers": [{"name": "main", "image": "busybox"}],
+                "schedulingGates": [{"name": "example.com/probe"}],
+            },
+        }
+        core.create_namespaced_pod(namespace, body)
+        try:
+            core.patch_namespaced_pod(probe, namespace, {"spec": {"schedulingGates": None}})
+        except client.ApiException as error:
+            if error.status in (400, 403, 422) and "security review" in (error.body or ""):
+                return
+            raise
+        time.sleep(0.2)
+    raise AssertionError("the ValidatingAdmissionPolicy was never enforced")
 
 
 def _said(core: client.CoreV1Api, namespace: str, pod: str, reason: str, text: str) -> None:
