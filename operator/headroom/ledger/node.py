@@ -15,7 +15,6 @@ overfilling the node together.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 from headroom.api.gpus import GpuDevice, GpuPolicy
 from headroom.api.limits import Limits
@@ -112,7 +111,7 @@ class NodeState:
             self.device_held,
             entry.vram_mb,
             entry.gpus,
-            Fraction(0),  # unlimited: every device has room
+            device_math.UNLIMITED,  # every device has room
             GpuPolicy.SPREAD,
         )
         return chosen if isinstance(chosen, dict) else {}
