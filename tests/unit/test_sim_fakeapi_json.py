@@ -104,7 +104,7 @@ def test_label_selectors_parse_as_the_api_server_does() -> None:
 
 
 def test_every_cel_rule_in_the_crds_has_a_python_twin() -> None:
-    assert set(crd_schemas()) == {"reservations", "nodeheadrooms"}
+    assert set(crd_schemas()) == {"reservations", "nodeheadrooms", "headroomquotas"}
     new_rule = {"type": "object", "x-kubernetes-validations": [{"rule": "self.size() < 3"}]}
     with pytest.raises(NotImplementedError, match="add its Python twin"):
         _check_rules({"properties": {"spec": new_rule}}, "reservations")

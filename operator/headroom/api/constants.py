@@ -99,6 +99,14 @@ MAX_WAIT = timedelta(hours=24)
 GO_DURATION = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"
 #: The longest number, time or duration text any parser reads.
 MAX_VALUE_LENGTH = 64
+#: The longest lifetime a HeadroomQuota may allow or give (spec.maxLifetime, defaultLifetime).
+MAX_LIFETIME = timedelta(days=3660)
+#: A HeadroomQuota's RAM or VRAM: a million of the largest nodes.
+MAX_QUOTA_MB = MAX_MB * 1_000_000
+#: A HeadroomQuota's cap on Admitted entries.
+MAX_QUOTA_ENTRIES = 100_000_000
+#: A label selector's size (matchLabels entries, matchExpressions, values per expression).
+MAX_SELECTOR_TERMS = 64
 #: Linux's PID_MAX_LIMIT.
 MAX_PID = 4_194_304
 

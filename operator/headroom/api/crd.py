@@ -10,6 +10,7 @@ writes ``crds/``; ``make verify`` and a unit test fail when the files drift.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,9 +21,9 @@ from headroom.api.models import (
     ReservationSpec,
     ReservationStatus,
 )
+from headroom.api.quotas import HeadroomQuotaSpec, HeadroomQuotaStatus
 
 Schema = dict[str, Any]
-_DROP = {"title", "additionalProperties"}
 
 
 def structural(model: type[BaseModel]) -> Schema:
@@ -47,14 +48,17 @@ def _reshape(node: Schema, definitions: dict[str, Schema]) -> Schema:
         node = {**{k: v for k, v in node.items() if k != "const"}, "enum": [node["const"]]}
     out: Schema = {}
     for key, value in node.items():
-        if key in _DROP or (key == "default" and value in (None, [])):
+        if key == "title" or (key == "default" and value in (None, [])):
             continue
-        if key == "properties":
+        if key == "additionalProperties":  # a map's values (pydantic's False: closed object)
+            if isinstance(value, dict):
+                out[key] = _reshape(value, definitions)
+        elif key == "properties":
             out[key] = {name: _reshape(sub, definitions) for name, sub in value.items()}
         elif key == "items":
             out[key] = _reshape(value, definitions)
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)  # no YAML aliases between two uses of one model
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     return out
@@ -176,9 +180,40 @@ def node_headroom_crd() -> Schema:
     )
 
 
+def headroom_quota_crd() -> Schema:
+    return _crd(
+        kind="HeadroomQuota",
+        plural="headroomquotas",
+        scope="Cluster",
+        short_names=["hq"],
+        description=(
+            "How much memory the namespaces it selects may hold together, on which nodes, "
+            "and for how long. Written by platform admins; status written by the operator."
+        ),
+        properties={
+            "spec": structural(HeadroomQuotaSpec),
+            "status": structural(HeadroomQuotaStatus),
+        },
+        required=["spec"],
+        columns=[
+            _column("RAM-Used", ".status.ramMB", "integer", description="MiB"),
+            _column("RAM-Limit", ".spec.ramMB", "integer", description="MiB"),
+            _column("VRAM-Used", ".status.vramMB", "integer", description="MiB"),
+            _column("VRAM-Limit", ".spec.vramMB", "integer", description="MiB"),
+            _column("Entries", ".status.entries", "integer"),
+            _column("Queued", ".status.queued", "integer"),
+            _column("Namespaces", ".status.namespaceCount", "integer"),
+            _column("Over", ".status.over", "boolean", priority=1),
+            _column("Valid", ".status.valid", "boolean", priority=1),
+            _column("Age", ".metadata.creationTimestamp", "date"),
+        ],
+    )
+
+
 def all_crds() -> dict[str, Schema]:
     """File name in ``crds/`` -> CRD object."""
     return {
         f"{GROUP}_reservations.yaml": reservation_crd(),
         f"{GROUP}_nodeheadrooms.yaml": node_headroom_crd(),
+        f"{GROUP}_headroomquotas.yaml": headroom_quota_crd(),
     }

@@ -24,6 +24,15 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     OWNER_POD_NOT_FOUND = "OwnerPodNotFound"
     OWNER_POD_NOT_LABELLED = "OwnerPodNotLabelled"
+    # Quotas (HeadroomQuota): over a quota of the namespace; no quota selects it and the
+    # default is Deny; its quota cannot be read; the node is outside the quota's
+    # nodeSelector; a lifetime or wait longer than the quota allows.
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    NO_QUOTA = "NoQuota"
+    QUOTA_INVALID = "QuotaInvalid"
+    NODE_NOT_ALLOWED = "NodeNotAllowed"
+    LIFETIME_TOO_LONG = "LifetimeTooLong"
+    WAIT_TOO_LONG = "WaitTooLong"
     # Queueing: waited as long as spec.wait allowed; or (strict FIFO) others wait ahead.
     WAIT_TIMEOUT = "WaitTimeout"
     WAITERS_AHEAD = "WaitersAhead"

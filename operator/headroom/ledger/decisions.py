@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from headroom.api.reasons import Reason
 from headroom.ledger.entry import Entry
+from headroom.ledger.queue import QUOTA_WAITABLE
 
 
 class UnknownEntryError(LookupError):
@@ -30,15 +31,13 @@ class Decision:
 
 
 #: Refusals a reservation may wait out (room may appear); the others are final.
-WAITABLE = frozenset(
-    {
-        Reason.NODE_UNKNOWN,
-        Reason.INSUFFICIENT_RAM,
-        Reason.INSUFFICIENT_VRAM,
-        Reason.TOO_MANY_ENTRIES,
-        Reason.WAITERS_AHEAD,
-    }
-)
+WAITABLE = QUOTA_WAITABLE | {
+    Reason.NODE_UNKNOWN,
+    Reason.INSUFFICIENT_RAM,
+    Reason.INSUFFICIENT_VRAM,
+    Reason.TOO_MANY_ENTRIES,
+    Reason.WAITERS_AHEAD,
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,8 @@ class Entry:
     gpus: int = 1
     #: Its assignment once admitted on a node with devices: device id -> MiB held there.
     devices: dict[str, int] = field(default_factory=dict)
+    #: The expiry its namespace's quota gave it (spec.expiresAt absent; status.expiresAt).
+    given_expiry: datetime | None = None
 
     def is_expired(self, now: datetime) -> bool:
         """The entry has a hard expiry and it has passed."""

@@ -42,7 +42,8 @@ from headroom.ledger.decisions import (
 from headroom.ledger.entry import Entry
 from headroom.ledger.node import NodeState
 from headroom.ledger.pods import PodKey, PodRequests
-from headroom.ledger.queue import WaitQueues
+from headroom.ledger.queue import QUOTA_WAITABLE, WaitQueues
+from headroom.ledger.quotas import Quotas
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
 
@@ -58,6 +59,7 @@ class Ledger:
         self._failures: Counter[Reason] = Counter()
         self.waiting = WaitQueues()
         self.pods = PodRequests()
+        self.quotas = Quotas()
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
 
@@ -117,6 +119,10 @@ class Ledger:
         """
         self._node(node).set_devices(devices)
 
+    def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
+        """The Node's labels, for the quotas' nodeSelectors (None: the Node is gone)."""
+        self.quotas.set_node_labels(node, labels)
+
     def over_committed_devices(self, node: str) -> list[device_math.OverCommit]:
         """Devices of ``node`` holding more than their limit, or gone while held."""
         state = self._nodes.get(node)
@@ -141,6 +147,11 @@ class Ledger:
                     self._schedule(entry)
         else:
             del self._nodes[node]
+
+    def quota_waiters(self, namespace: str | None = None) -> set[str]:
+        """Nodes whose waiters may fit now that ``namespace`` released memory, or (None) a
+        quota or a namespace's labels changed: those waiting for a quota it shares."""
+        return self.waiting.for_quota(None if namespace is None else self.quotas.sharing(namespace))
 
     def knows(self, node: str) -> bool:
         """Whether the node's capacity is known, so that admission can be decided on it."""
@@ -167,6 +178,7 @@ class Ledger:
         chosen = state.choose(entry) if state.on_devices(entry) else {}
         assert isinstance(chosen, dict), "a claim that fits has devices"
         entry.devices = chosen
+        self._give_expiry(entry)
         self._add(state, entry)
         limit = state.limit_ram_mb()
         message = (
@@ -201,7 +213,7 @@ class Ledger:
             return self.reserve(entry, now)
         reason, message = refusal
         if until is not None and until > now and reason in WAITABLE:
-            position = self.waiting.add(entry, until)
+            position = self.waiting.add(entry, until, reason)
             return Decision(
                 False, reason, f"{message}; waits until {until.isoformat()}", entry, position
             )
@@ -226,11 +238,16 @@ class Ledger:
             Reason.TOO_MANY_ENTRIES,
             Reason.ALREADY_EXPIRED,
             Reason.NODE_UNKNOWN,
+            *QUOTA_WAITABLE,
+            Reason.NODE_NOT_ALLOWED,
+            Reason.LIFETIME_TOO_LONG,
+            Reason.WAIT_TOO_LONG,
         ):
             self._failures[reason] += 1
             return Decision(False, reason, message, entry)
         state = self._node(entry.node)
         entry.devices = state.forced_assignment(entry) if state.on_devices(entry) else {}
+        self._give_expiry(entry)
         self._add(state, entry)
         return Decision(
             True, Reason.OVER_COMMITTED, f"already running there, over the limit: {message}", entry
@@ -265,8 +282,10 @@ class Ledger:
                 if refusal is None:
                     self.waiting.remove(entry.id)
                     admitted.append(self.reserve(entry, now))
-                elif strict and refusal[0] != Reason.ALREADY_EXPIRED:
-                    break  # the oldest blocks the ones behind it
+                    continue
+                self.waiting.still_refused(entry.id, refusal[0])
+                if strict and refusal[0] != Reason.ALREADY_EXPIRED and not waiting.for_quota:
+                    break  # the oldest blocks the ones behind it (on the node's room)
         return admitted
 
     def wait_over(self, now: datetime) -> list[Decision]:
@@ -311,10 +330,25 @@ class Ledger:
             return Reason.NODE_UNKNOWN, (
                 f"node {node}: capacity unknown (no such Node, or it reports no memory)"
             )
+        refused_by_quota = self.quotas.refusal(entry)
+        if refused_by_quota is not None:
+            return refused_by_quota
+        given = self.quotas.expiry(entry) if entry.expires_at is None else None
+        if given is not None and given <= now:
+            return Reason.ALREADY_EXPIRED, (
+                f"the lifetime its quota gives ran out at {given.isoformat()} "
+                f"(now {now.isoformat()})"
+            )
         return state.room_refusal(entry)
+
+    def _give_expiry(self, entry: Entry) -> None:
+        """An entry admitted without an expiry lives as long as its quota gives."""
+        if entry.expires_at is None:
+            entry.expires_at = entry.given_expiry = self.quotas.expiry(entry)
 
     def _add(self, state: NodeState, entry: Entry) -> None:
         state.add(entry)
+        self.quotas.add(entry)
         self._entries[entry.id] = entry
         self._reserved_mb += entry.ram_mb
         self._schedule(entry)
@@ -339,6 +373,7 @@ class Ledger:
         self._live.pop(entry_id, None)
         state = self._nodes[entry.node]
         state.remove(entry_id)
+        self.quotas.remove(entry)
         self._claimed(entry, -1)
         if not state.entries and not state.known:
             del self._nodes[entry.node]

@@ -20,7 +20,12 @@ import itertools
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from headroom.api.reasons import Reason
 from headroom.ledger.entry import Entry
+
+#: Refusals made by a namespace's quota: waited out in the quota, not on the node, so
+#: (under strict FIFO) they hold back no one else's claim on the node.
+QUOTA_WAITABLE = frozenset({Reason.QUOTA_EXCEEDED, Reason.NO_QUOTA, Reason.QUOTA_INVALID})
 
 
 @dataclass(order=True, slots=True)
@@ -37,6 +42,12 @@ class Waiting:
     sequence: int = field(compare=False)
     entry: Entry = field(compare=False)
     until: datetime = field(compare=False)  # creation + wait
+    #: Why it waits, as last decided: a quota's refusal holds back no one else on the node.
+    reason: Reason | None = field(default=None, compare=False)
+
+    @property
+    def for_quota(self) -> bool:
+        return self.reason in QUOTA_WAITABLE
 
     @property
     def key(self) -> tuple[datetime, str]:
@@ -48,6 +59,7 @@ class WaitQueues:
     def __init__(self) -> None:
         self._queues: dict[str, list[Waiting]] = {}  # node -> waiting, in order
         self._by_id: dict[str, Waiting] = {}
+        self._for_quota: dict[str, Waiting] = {}  # those waiting for their quota, by id
         self._deadlines: list[tuple[datetime, int, str]] = []  # (until or expiry, seq, id)
         self._sequence = itertools.count()
 
@@ -57,12 +69,14 @@ class WaitQueues:
     def __contains__(self, entry_id: str) -> bool:
         return entry_id in self._by_id
 
-    def add(self, entry: Entry, until: datetime) -> int:
+    def add(self, entry: Entry, until: datetime, reason: Reason | None = None) -> int:
         """Start waiting; returns the entry's position on its node (1 is next)."""
-        waiting = Waiting(entry.created_at, entry.id, next(self._sequence), entry, until)
+        waiting = Waiting(entry.created_at, entry.id, next(self._sequence), entry, until, reason)
         queue = self._queues.setdefault(entry.node, [])
         bisect.insort(queue, waiting)
         self._by_id[entry.id] = waiting
+        if waiting.for_quota:
+            self._for_quota[entry.id] = waiting
         deadline = min(until, entry.expires_at) if entry.expires_at else until
         heapq.heappush(self._deadlines, (deadline, waiting.sequence, entry.id))
         return queue.index(waiting) + 1
@@ -71,6 +85,7 @@ class WaitQueues:
         waiting = self._by_id.pop(entry_id, None)
         if waiting is None:
             return None
+        self._for_quota.pop(entry_id, None)
         queue = self._queues[waiting.entry.node]
         queue.pop(bisect.bisect_left(queue, waiting))
         if not queue:
@@ -81,9 +96,30 @@ class WaitQueues:
         return self._by_id.get(entry_id)
 
     def ahead_of(self, entry: Entry) -> int:
-        """How many wait on ``entry``'s node and were created before it (creation key)."""
+        """How many wait for room on ``entry``'s node and were created before it (creation
+        key); those waiting for their quota are not counted: they wait for something else."""
         queue = self._queues.get(entry.node, [])
-        return bisect.bisect_left(queue, (entry.created_at, entry.id), key=lambda w: w.key)
+        before = bisect.bisect_left(queue, (entry.created_at, entry.id), key=lambda w: w.key)
+        return sum(1 for waiting in queue[:before] if not waiting.for_quota)
+
+    def for_quota(self, namespaces: set[str] | None = None) -> set[str]:
+        """Nodes where someone waits for a quota (of one of ``namespaces``; None: any)."""
+        return {
+            waiting.entry.node
+            for waiting in self._for_quota.values()
+            if namespaces is None or waiting.entry_id.split("/", 1)[0] in namespaces
+        }
+
+    def still_refused(self, entry_id: str, reason: Reason) -> None:
+        """A waiting reservation was tried again and still does not fit, now for ``reason``."""
+        waiting = self._by_id.get(entry_id)
+        if waiting is None:
+            return
+        waiting.reason = reason
+        if waiting.for_quota:
+            self._for_quota[entry_id] = waiting
+        else:
+            self._for_quota.pop(entry_id, None)
 
     def on(self, node: str) -> list[Waiting]:
         """The node's queue, oldest first (a copy)."""

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from headroom.api.crd import all_crds
+from headroom.api.selectors import LABEL_KEY
 from headroom.kube.transport import ApiError
 from headroom_dev.sim.fakeapi.jsonvalue import json_equal
 
@@ -45,8 +46,30 @@ CEL_RULES: dict[str, CelRule] = {
     "!has(self.liveness) || self.liveness != 'Pod' || (has(self.owner) && has(self.owner.pod))": (
         lambda spec, _: spec.get("liveness") != "Pod" or "pod" in (spec.get("owner") or {})
     ),
-    # spec.wait has already matched the Go-duration pattern.
+    # spec.wait (and a HeadroomQuota's maxWait) has already matched the Go-duration pattern.
     "duration(self) <= duration('86400s')": lambda value, _: _seconds(value) <= 86400,
+    # HeadroomQuota: maxLifetime and defaultLifetime, Go durations.
+    "duration(self) <= duration('316224000s')": lambda value, _: _seconds(value) <= 316224000,
+    "!has(self.defaultLifetime) || !has(self.maxLifetime) || "
+    "duration(self.defaultLifetime) <= duration(self.maxLifetime)": (
+        lambda spec, _: (
+            "defaultLifetime" not in spec
+            or "maxLifetime" not in spec
+            or _seconds(spec["defaultLifetime"]) <= _seconds(spec["maxLifetime"])
+        )
+    ),
+    # A label selector's requirement, and its matchLabels' keys.
+    "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : "
+    "(!has(self.values) || size(self.values) == 0)": (
+        lambda req, _: (
+            bool(req.get("values"))
+            if req.get("operator") in ("In", "NotIn")
+            else not req.get("values")
+        )
+    ),
+    f"self.all(k, size(k) <= 317 && k.matches('{LABEL_KEY}'))": (
+        lambda labels, _: all(len(k) <= 317 and re.search(LABEL_KEY, k) for k in labels)
+    ),
 }
 
 
@@ -80,8 +103,9 @@ def _check_rules(schema: Schema, where: str) -> None:
             )
     for sub in schema.get("properties", {}).values():
         _check_rules(sub, where)
-    if "items" in schema:
-        _check_rules(schema["items"], where)
+    for part in ("items", "additionalProperties"):
+        if part in schema:
+            _check_rules(schema[part], where)
 
 
 def prune_and_default(value: Any, schema: Schema, *, root: bool = False, old: Any = _ABSENT) -> Any:
@@ -91,7 +115,10 @@ def prune_and_default(value: Any, schema: Schema, *, root: bool = False, old: An
     """
     if value is old:
         return value
-    if type(value) is dict and schema.get("type") == "object":
+    if type(value) is dict and "additionalProperties" in schema:  # a map
+        for item in value.values():
+            prune_and_default(item, schema["additionalProperties"])
+    elif type(value) is dict and schema.get("type") == "object":
         properties = schema.get("properties")
         if properties is not None or not schema.get("x-kubernetes-preserve-unknown-fields"):
             known = properties or {}
@@ -185,6 +212,13 @@ def _validate(value: Any, schema: Schema, path: str, old: Any, errors: list[str]
         for key in schema.get("required", []):
             if key not in value:
                 errors.append(f"{path}.{key}: Required value")
+        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+            errors.append(
+                f"{path}: Too many: {len(value)}: must have at most {schema['maxProperties']} items"
+            )
+        if "additionalProperties" in schema:
+            for key, item in value.items():
+                _validate(item, schema["additionalProperties"], f"{path}[{key}]", _ABSENT, errors)
     elif expected == "array":
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             errors.append(

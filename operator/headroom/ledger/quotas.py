@@ -1,0 +1,320 @@
+"""Quota arithmetic (HeadroomQuota): what each namespace holds, against what it may hold.
+
+Pure and exact, like the rest of the ledger: no I/O, no clock (a check that needs
+the time takes ``now``). The ledger calls :meth:`Quotas.add` and
+:meth:`Quotas.remove` for every entry it gains or loses, so usage is never
+recounted from objects; and it asks :meth:`Quotas.refusal` inside the same
+synchronous decision as the node's room, so a namespace can never pass its quota
+by two decisions racing.
+
+Usage is kept per namespace (every namespace, governed or not), and per quota as
+the sum over the namespaces it governs. Which quotas govern a namespace depends
+on the namespace's labels and the quotas' selectors; when either changes, the
+sums of the quotas concerned are recomputed from the per-namespace figures, so
+a relabelled namespace carries exactly what it holds from one quota to another.
+
+A lowered quota reclaims nothing: usage above a limit only stops new admissions
+in its namespaces until enough is released (``over``). A quota that cannot be
+read (``QuotaRules.invalid``) still governs the namespaces it selects, and
+admits nothing new there until it is fixed: failing open would hand a tenant
+the whole cluster because of a typo in its own quota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from headroom.api.reasons import Reason
+from headroom.api.selectors import LabelSelector
+from headroom.ledger.entry import Entry
+
+#: The label the API server puts on every namespace: its name.
+NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRules:
+    """A HeadroomQuota as the ledger obeys it. None: no limit on that dimension."""
+
+    name: str
+    namespaces: LabelSelector
+    ram_mb: int | None = None
+    vram_mb: int | None = None
+    max_entries: int | None = None
+    nodes: LabelSelector | None = None
+    max_lifetime: timedelta | None = None
+    default_lifetime: timedelta | None = None
+    max_wait: timedelta | None = None
+    #: Why the spec cannot be obeyed (its namespaces admit nothing new); None: valid.
+    invalid: str | None = None
+
+    @property
+    def lifetime_given(self) -> timedelta | None:
+        """What a reservation without an expiry gets: the default, else the maximum."""
+        return self.default_lifetime if self.default_lifetime is not None else self.max_lifetime
+
+
+@dataclass(slots=True)
+class Usage:
+    ram_mb: int = 0
+    vram_mb: int = 0
+    entries: int = 0
+
+    def add(self, other: Usage, sign: int = 1) -> None:
+        self.ram_mb += sign * other.ram_mb
+        self.vram_mb += sign * other.vram_mb
+        self.entries += sign * other.entries
+
+    @property
+    def empty(self) -> bool:
+        return not (self.ram_mb or self.vram_mb or self.entries)
+
+
+@dataclass(slots=True)
+class _Quota:
+    rules: QuotaRules
+    used: Usage = field(default_factory=Usage)
+    namespaces: set[str] = field(default_factory=set)  # governed, known or holding
+
+
+def namespace_of(entry_id: str) -> str:
+    return entry_id.split("/", 1)[0]
+
+
+def mib(value: int) -> str:
+    """MiB as people read them: whole GiB when they are whole, else MiB."""
+    return f"{value // 1024} GiB" if value and value % 1024 == 0 else f"{value} MiB"
+
+
+class Quotas:
+    def __init__(self, *, deny_unselected: bool = False) -> None:
+        """``deny_unselected``: a namespace no quota selects may hold nothing (else: no limit)."""
+        self.deny_unselected = deny_unselected
+        self._quotas: dict[str, _Quota] = {}
+        self._labels: dict[str, Mapping[str, str]] = {}  # namespace -> labels, as last seen
+        self._use: dict[str, Usage] = {}  # namespace -> held, whatever governs it
+        self._governing: dict[str, tuple[str, ...]] = {}  # namespace -> quota names, sorted
+        self._node_labels: dict[str, Mapping[str, str]] = {}
+
+    # -- what governs what ---------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._quotas)
+
+    def set_quota(self, rules: QuotaRules) -> None:
+        """A quota created or changed: its namespaces and their sums are worked out again."""
+        self._quotas.pop(rules.name, None)
+        self._quotas[rules.name] = _Quota(rules)
+        for namespace in self._known_namespaces():
+            self._govern(namespace)
+
+    def remove_quota(self, name: str) -> bool:
+        """A quota deleted: its namespaces fall to the others, or to the default."""
+        quota = self._quotas.pop(name, None)
+        if quota is None:
+            return False
+        for namespace in quota.namespaces:
+            self._govern(namespace)
+        return True
+
+    def set_namespace(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """A namespace seen with these labels; whether what governs it changed."""
+        labels = dict(labels)
+        if self._labels.get(namespace) == labels:
+            return False
+        self._labels[namespace] = labels
+        return self._govern(namespace)
+
+    def remove_namespace(self, namespace: str) -> None:
+        self._labels.pop(namespace, None)
+        self._govern(namespace)
+
+    def knows_namespace(self, namespace: str) -> bool:
+        return namespace in self._labels
+
+    def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
+        if labels is None:
+            self._node_labels.pop(node, None)
+        else:
+            self._node_labels[node] = dict(labels)
+
+    def _known_namespaces(self) -> set[str]:
+        return set(self._labels) | set(self._use) | set(self._governing)
+
+    def _labels_of(self, namespace: str) -> Mapping[str, str]:
+        # Before its Namespace is seen, it has at least the label the API server gives all.
+        return self._labels.get(namespace) or {NAME_LABEL: namespace}
+
+    def _govern(self, namespace: str) -> bool:
+        """Work out which quotas govern ``namespace``; move its usage if that changed."""
+        labels = self._labels_of(namespace)
+        governing = tuple(
+            sorted(
+                name
+                for name, quota in self._quotas.items()
+                if quota.rules.namespaces.matches(labels)
+            )
+        )
+        before = self._governing.get(namespace, ())
+        use = self._use.get(namespace)
+        for name in before:
+            quota = self._quotas.get(name)
+            if quota is not None and name not in governing:
+                quota.namespaces.discard(namespace)
+                if use is not None:
+                    quota.used.add(use, -1)
+        for name in governing:
+            quota = self._quotas[name]
+            if namespace not in quota.namespaces:
+                quota.namespaces.add(namespace)
+                if use is not None:
+                    quota.used.add(use)
+        if governing:
+            self._governing[namespace] = governing
+        else:
+            self._governing.pop(namespace, None)
+        return governing != before
+
+    def governing(self, namespace: str) -> list[QuotaRules]:
+        return [self._quotas[name].rules for name in self._governing.get(namespace, ())]
+
+    def sharing(self, namespace: str) -> set[str]:
+        """The namespaces that share a quota with ``namespace`` (itself included)."""
+        shared = {namespace}
+        for name in self._governing.get(namespace, ()):
+            shared |= self._quotas[name].namespaces
+        return shared
+
+    # -- usage ---------------------------------------------------------------------------
+
+    def add(self, entry: Entry, sign: int = 1) -> None:
+        """An entry the ledger now holds (sign 1) or no longer holds (sign -1)."""
+        namespace = namespace_of(entry.id)
+        delta = Usage(entry.ram_mb, entry.vram_mb, 1)
+        use = self._use.setdefault(namespace, Usage())
+        use.add(delta, sign)
+        for name in self._governing.get(namespace, ()):
+            self._quotas[name].used.add(delta, sign)
+        if use.empty:
+            del self._use[namespace]
+
+    def remove(self, entry: Entry) -> None:
+        self.add(entry, -1)
+
+    def used(self, name: str) -> Usage:
+        quota = self._quotas.get(name)
+        return Usage(**_fields(quota.used)) if quota is not None else Usage()
+
+    def used_by(self, namespace: str) -> Usage:
+        use = self._use.get(namespace)
+        return Usage(**_fields(use)) if use is not None else Usage()
+
+    def namespaces_of(self, name: str) -> list[str]:
+        quota = self._quotas.get(name)
+        return sorted(quota.namespaces) if quota is not None else []
+
+    def rules(self, name: str) -> QuotaRules | None:
+        quota = self._quotas.get(name)
+        return quota.rules if quota is not None else None
+
+    def names(self) -> list[str]:
+        return sorted(self._quotas)
+
+    def over(self, name: str) -> bool:
+        """Whether the quota's namespaces hold more than it allows (it was lowered)."""
+        quota = self._quotas.get(name)
+        if quota is None:
+            return False
+        rules, used = quota.rules, quota.used
+        return (
+            (rules.ram_mb is not None and used.ram_mb > rules.ram_mb)
+            or (rules.vram_mb is not None and used.vram_mb > rules.vram_mb)
+            or (rules.max_entries is not None and used.entries > rules.max_entries)
+        )
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def expiry(self, entry: Entry) -> datetime | None:
+        """The expiry ``entry`` lives under: its own, else the shortest its quotas give."""
+        if entry.expires_at is not None:
+            return entry.expires_at
+        given = [
+            rules.lifetime_given
+            for rules in self.governing(namespace_of(entry.id))
+            if rules.lifetime_given is not None and rules.invalid is None
+        ]
+        return entry.created_at + min(given) if given else None
+
+    def refusal(self, entry: Entry) -> tuple[Reason, str] | None:
+        """Why the namespace's quotas refuse ``entry`` now, or None (no change)."""
+        namespace = namespace_of(entry.id)
+        governing = self.governing(namespace)
+        if not governing:
+            if self.deny_unselected:
+                return Reason.NO_QUOTA, (
+                    f"namespace {namespace}: no HeadroomQuota selects it, and namespaces "
+                    "without one may hold nothing (quotas.unselectedNamespaces Deny)"
+                )
+            return None
+        for rules in governing:
+            refusal = self._refused_by(rules, entry, namespace)
+            if refusal is not None:
+                return refusal
+        return None
+
+    def _refused_by(
+        self, rules: QuotaRules, entry: Entry, namespace: str
+    ) -> tuple[Reason, str] | None:
+        where = f"namespace {namespace} (quota {rules.name})"
+        if rules.invalid is not None:
+            return Reason.QUOTA_INVALID, f"{where}: the quota cannot be used: {rules.invalid}"
+        if rules.nodes is not None and not rules.nodes.matches(
+            self._node_labels.get(entry.node, {})
+        ):
+            return Reason.NODE_NOT_ALLOWED, (
+                f"{where}: node {entry.node} is outside spec.nodeSelector "
+                f"({rules.nodes.describe()})"
+            )
+        if rules.max_lifetime is not None and entry.expires_at is not None:
+            lifetime = entry.expires_at - entry.created_at
+            if lifetime > rules.max_lifetime:
+                return Reason.LIFETIME_TOO_LONG, (
+                    f"{where}: spec.expiresAt {entry.expires_at.isoformat()} is "
+                    f"{_duration(lifetime)} after creation; spec.maxLifetime is "
+                    f"{_duration(rules.max_lifetime)}"
+                )
+        if rules.max_wait is not None and entry.wait_until is not None:
+            wait = entry.wait_until - entry.created_at
+            if wait > rules.max_wait:
+                return Reason.WAIT_TOO_LONG, (
+                    f"{where}: spec.wait {_duration(wait)} is longer than spec.maxWait "
+                    f"{_duration(rules.max_wait)}"
+                )
+        used = self._quotas[rules.name].used
+        for limit, held, asked, what in (
+            (rules.ram_mb, used.ram_mb, entry.ram_mb, "RAM"),
+            (rules.vram_mb, used.vram_mb, entry.vram_mb, "VRAM"),
+        ):
+            if limit is not None and asked and held + asked > limit:
+                return Reason.QUOTA_EXCEEDED, (
+                    f"{where}: holds {mib(held)} of {mib(limit)} {what}; requested {mib(asked)}"
+                )
+        if rules.max_entries is not None and used.entries + 1 > rules.max_entries:
+            return Reason.QUOTA_EXCEEDED, (
+                f"{where}: holds {used.entries} of {rules.max_entries} entries (spec.maxEntries)"
+            )
+        return None
+
+
+def _fields(use: Usage) -> dict[str, int]:
+    return {"ram_mb": use.ram_mb, "vram_mb": use.vram_mb, "entries": use.entries}
+
+
+def _duration(value: timedelta) -> str:
+    seconds = int(value.total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return text + (f"{seconds}s" if seconds or not text else "")
