@@ -154,6 +154,22 @@ class QueueingConfig(BaseModel):
     )
 
 
+class QuotasConfig(BaseModel):
+    """What governs a namespace that no HeadroomQuota selects."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    unselected_namespaces: Literal["Unlimited", "Deny"] = Field(
+        "Unlimited",
+        alias="unselectedNamespaces",
+        description=(
+            "Unlimited: a namespace no HeadroomQuota selects is bound only by the nodes "
+            "(as before quotas existed). Deny: it may hold nothing; its reservations are "
+            "refused NoQuota (or wait for a quota, with spec.wait)."
+        ),
+    )
+
+
 #: Certificates live up to a year (the longest configured duration); renewed at 2/3.
 CertificateDuration = Annotated[
     timedelta,
@@ -269,6 +285,7 @@ class OperatorConfig(BaseModel):
         description="How often the ledger is checked against a full list of Reservations.",
     )
     queueing: QueueingConfig = Field(default_factory=QueueingConfig)
+    quotas: QuotasConfig = Field(default_factory=QuotasConfig)
     decision_key: DecisionKeyConfig = Field(default_factory=DecisionKeyConfig, alias="decisionKey")
     leader_election: LeaderElectionConfig = Field(
         default_factory=LeaderElectionConfig, alias="leaderElection"

@@ -266,6 +266,14 @@ class ReservationStatus(_Model):
     reclaimed_at: datetime | None = Field(
         None, alias="reclaimedAt", description="When the reservation was reclaimed."
     )
+    expires_at: datetime | None = Field(
+        None,
+        alias="expiresAt",
+        description=(
+            "While Admitted without spec.expiresAt: the expiry its namespace's HeadroomQuota "
+            "gave it (defaultLifetime), enforced like spec.expiresAt."
+        ),
+    )
     decision_id: str | None = Field(
         None,
         alias="decisionID",

@@ -27,6 +27,8 @@ NODES = resource_path("", "v1", "nodes")
 PODS = resource_path("", "v1", "pods")
 #: DRA ResourceSlices (cluster-scoped): a node's GPU devices, when a DRA driver publishes them.
 RESOURCE_SLICES = resource_path("resource.k8s.io", "v1", "resourceslices")
+HEADROOM_QUOTAS = resource_path(GROUP, VERSION, "headroomquotas")
+NAMESPACES = resource_path("", "v1", "namespaces")
 
 
 def reservation_path(namespace: str, name: str, subresource: str = "") -> str:
@@ -49,3 +51,12 @@ def pod_path(namespace: str, name: str) -> str:
 
 def events_path(namespace: str) -> str:
     return resource_path("", "v1", "events", namespace)
+
+
+def headroom_quota_path(name: str, subresource: str = "") -> str:
+    path = resource_path(GROUP, VERSION, "headroomquotas", None, name)
+    return f"{path}/{subresource}" if subresource else path
+
+
+def namespace_path(name: str) -> str:
+    return resource_path("", "v1", "namespaces", None, name)

@@ -38,7 +38,7 @@ def _label_key(key: str) -> str:
 #: A map key: a structural schema cannot constrain one, so a CEL rule on the map does.
 MapLabelKey = Annotated[str, AfterValidator(_label_key)]
 _KEYS_RULE: dict[str, JsonValue] = {
-    "rule": f"self.all(k, size(k) <= 317 && k.matches('{LABEL_KEY}'))",
+    "rule": f"self.all(k, size(k) <= 317 && k.matches(r'{LABEL_KEY}'))",
     "message": "label keys must be qualified names (an optional DNS prefix and a name)",
 }
 

@@ -70,11 +70,13 @@ class Admission:
         strict: bool = False,
         telemetry: Telemetry | None = None,
         bound_to: Callable[[str, str], str | None] = lambda namespace, pod: None,
+        namespace_ready: Callable[[str], bool] = lambda namespace: True,
     ) -> None:
         """``bound_to(namespace, pod)``: the node a claiming pod already runs on without
-        our gate (the webhook missed it); its claim is recorded there, fit or not."""
+        our gate (the webhook missed it); its claim is recorded there, fit or not.
+        ``namespace_ready(namespace)``: whether the namespace's quotas are known."""
         self._state, self._writer, self._lookups, self._clock = state, writer, lookups, clock
-        self._bound_to = bound_to
+        self._bound_to, self._namespace_ready = bound_to, namespace_ready
         self._may_act, self._strict = may_act, strict
         self._telemetry = telemetry or NoTelemetry()
         self._queue: dict[str, Pending] = {}
@@ -142,6 +144,8 @@ class Admission:
     def _ready(self, pending: Pending) -> bool:
         node, pod = spec_targets(pending.obj)
         if node is not None and not self._lookups.node_ready(node, pending.seen):
+            return False
+        if not self._namespace_ready(pending.namespace):  # its labels decide its quotas
             return False
         return (
             pod is None or self._lookups.owner_pod(pending.namespace, pod, pending.seen) is not None
@@ -225,7 +229,12 @@ class Admission:
                 state.ledger.release(verdict.entry.id)
                 continue
             self._decide_again(
-                record, Phase.ADMITTED, verdict.reason, verdict.message, verdict.entry.devices
+                record,
+                Phase.ADMITTED,
+                verdict.reason,
+                verdict.message,
+                verdict.entry.devices,
+                verdict.entry.given_expiry,
             )
             state.hold(record)
             waited = (now - verdict.entry.created_at).total_seconds()
@@ -256,20 +265,24 @@ class Admission:
         reason: Reason,
         message: str,
         devices: dict[str, int] | None = None,
+        expires_at: datetime | None = None,
     ) -> None:
         """A waiting reservation's final decision: a new decision, written like any other."""
         decision_id = f"{self.run_id}-{next(self._decisions)}"
-        devices = dict(devices or {})
-        record.decision = Decision(
+        decision = Decision(
             phase=phase,
             reason=reason,
             message=message[:1024],
             at=self._clock.now(),
             decision_id=decision_id,
-            stamp=self._state.stamper.sign(record.uid, decision_id, str(phase), devices),
             generation=record.decision.generation,
-            devices=devices,
+            devices=dict(devices or {}),
+            expires_at=expires_at,
         )
+        decision.stamp = self._state.stamper.sign(
+            record.uid, decision_id, str(phase), decision.devices, decision.expiry_text
+        )
+        record.decision = decision
         record.changed_at = self._clock.monotonic()
         record.confirmed = record.announced = False
         self._state.dirty_nodes.add(record.node)
@@ -290,16 +303,19 @@ class Admission:
     ) -> Record:
         decision_id = f"{self.run_id}-{next(self._decisions)}"
         generation = pending.obj["metadata"].get("generation")
-        devices = dict(entry.devices) if entry is not None and phase == Phase.ADMITTED else {}
+        admitted = entry is not None and phase == Phase.ADMITTED
         decision = Decision(
             phase=phase,
             reason=reason,
             message=message,
             at=self._clock.now(),
             decision_id=decision_id,
-            stamp=self._state.stamper.sign(pending.uid, decision_id, str(phase), devices),
             generation=generation if isinstance(generation, int) else None,
-            devices=devices,
+            devices=dict(entry.devices) if entry is not None and admitted else {},
+            expires_at=entry.given_expiry if entry is not None and admitted else None,
+        )
+        decision.stamp = self._state.stamper.sign(
+            pending.uid, decision_id, str(phase), decision.devices, decision.expiry_text
         )
         pod = entry.owner.pod if entry is not None else None
         try:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from headroom.api.config import OperatorConfig
-from headroom.api.paths import NODES, PODS, RESERVATIONS
+from headroom.api.paths import HEADROOM_QUOTAS, NAMESPACES, NODES, PODS, RESERVATIONS
 from headroom.control.admission import Admission
 from headroom.control.gates import CLAIM_SELECTOR, Gates
 from headroom.control.keys import Adoption, load_key
@@ -34,6 +34,8 @@ from headroom.control.lookups import Lookups
 from headroom.control.nodes import Nodes
 from headroom.control.owners import OWNER_SELECTOR, Owners
 from headroom.control.podrequests import PodRequestsFeed
+from headroom.control.quotas import QuotaFeed
+from headroom.control.quotastatus import QuotaStatuses
 from headroom.control.reclaim import Reclaimer
 from headroom.control.reconcile import Reconciler
 from headroom.control.slices import Slices
@@ -53,7 +55,7 @@ log = logging.getLogger(__name__)
 DELETED = "DELETED"
 _TOMBSTONES_KEPT = 600.0  # seconds; no list takes that long
 #: The resourceVersions the watches start from (see :meth:`Controller.rebuild`).
-Versions = tuple[str, str, str, str, str, str | None]
+Versions = tuple[str, str, str, str, str, str | None, str, str]
 
 
 class Controller:
@@ -81,6 +83,7 @@ class Controller:
         self.supervisor = supervisor or Supervisor()
         self._follow_watches = follow_watches
         self.state = state = State(config.limits.to_limits())
+        state.ledger.quotas.deny_unselected = config.quotas.unselected_namespaces == "Deny"
         self.events = events or EventRecorder(transport, clock=self.clock)
         self.ready = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
@@ -116,6 +119,23 @@ class Controller:
             refresh=self.nodes.refresh,
             rng=self.rng,
         )
+        self.quotas = QuotaFeed(
+            state,
+            transport,
+            self.events,
+            self.clock,
+            wake=lambda: self.admission.wake(),
+            rng=self.rng,
+        )
+        self.quota_statuses = QuotaStatuses(
+            state,
+            self.quotas,
+            transport,
+            self.clock,
+            config.summary_interval,
+            may_act=may_act,
+            time_left=time_left,
+        )
         self.lookups = Lookups(
             state,
             transport,
@@ -135,6 +155,7 @@ class Controller:
             strict=config.queueing.strategy == "StrictFIFO",
             telemetry=self.telemetry,
             bound_to=lambda namespace, pod: self.gates.bound_to(namespace, pod),
+            namespace_ready=lambda namespace: self.quotas.namespace_ready(namespace),
         )
         self.reclaimer = Reclaimer(
             state,
@@ -216,6 +237,7 @@ class Controller:
         spawn("admission", self.admission.run())
         spawn("sweeper", self.reclaimer.run())
         spawn("summaries", self.summaries.run())
+        spawn("quota-statuses", self.quota_statuses.run())
         spawn("resync", self._resync_forever())
         self.gates.start()
         if self._follow_watches:
@@ -226,9 +248,40 @@ class Controller:
         self.ready.set()
 
     def _follow(self, versions: Versions) -> None:
-        node_version, pod_version, reservation_version, claim_version, all_pods, slices = versions
+        (
+            node_version,
+            pod_version,
+            reservation_version,
+            claim_version,
+            all_pods,
+            slices,
+            quota_version,
+            namespace_version,
+        ) = versions
         spawn, transport, rng = self.supervisor.spawn, self.transport, self.rng
         spawn("watch-resourceslices", self.slices.follow(slices))
+        spawn(
+            "watch-headroomquotas",
+            follow(
+                transport,
+                HEADROOM_QUOTAS,
+                quota_version,
+                self.quotas.on_quota,
+                self.quotas.relist_quotas,
+                rng=rng,
+            ),
+        )
+        spawn(
+            "watch-namespaces",
+            follow(
+                transport,
+                NAMESPACES,
+                namespace_version,
+                self.quotas.on_namespace,
+                self.quotas.relist_namespaces,
+                rng=rng,
+            ),
+        )
         spawn(
             "watch-reservations",
             follow(
@@ -291,6 +344,7 @@ class Controller:
             self.owners,
             self.nodes,
             self.gates,
+            self.quotas,
         ):
             await part.stop()
         for task in list(self._background):
@@ -324,11 +378,14 @@ class Controller:
 
     async def rebuild(self) -> Versions:
         """Rebuild the ledger; return the Node, owner Pod, Reservation, claiming Pod, all
-        Pods and ResourceSlice lists' resourceVersions (the last None: not served)."""
+        Pods, ResourceSlice (None: not served), HeadroomQuota and Namespace lists'
+        resourceVersions."""
         started = self.clock.monotonic()
         nodes, node_version = await list_all(self.transport, NODES)
         # Each node's GPU inventory, before any admission is restored or decided against it.
         slice_version = await self.slices.take_listed()
+        # Every quota and namespace: usage is rebuilt with the ledger, before any decision.
+        quota_version, namespace_version = await self.quotas.take_listed()
         # What pods requested, before any admission is restored or decided against it.
         all_pods = await self.pod_requests.relist() if self.pod_requests is not None else ""
         pods, pod_version = await list_all(self.transport, PODS, label_selector=OWNER_SELECTOR)
@@ -354,7 +411,16 @@ class Controller:
             len(self.state.holders),
             len(self.admission),
         )
-        return node_version, pod_version, version, claim_version, all_pods, slice_version
+        return (
+            node_version,
+            pod_version,
+            version,
+            claim_version,
+            all_pods,
+            slice_version,
+            quota_version,
+            namespace_version,
+        )
 
     async def _resync_forever(self) -> None:
         period = self.config.resync_period.total_seconds()
@@ -367,6 +433,7 @@ class Controller:
             steps = [
                 self.resync,
                 self.slices.resync,
+                self.quotas.resync,
                 self.nodes.relist,
                 self.owners.relist,
                 self.gates.relist,

@@ -90,6 +90,7 @@ class Adoption:
             record.decision.decision_id,
             str(record.decision.phase),
             record.decision.devices,
+            record.decision.expiry_text,
         )
         record.changed_at = self._clock.monotonic()
         record.confirmed = False

@@ -77,6 +77,7 @@ class Nodes:
         if event_type == DELETED:
             state.node_uids.pop(name, None)
             state.node_labels.pop(name, None)
+            state.ledger.set_node_labels(name, None)
             state.node_facts.pop(name, None)
             state.ledger.remove_node(name)
             self._bad_values.pop(name, None)
@@ -88,6 +89,7 @@ class Nodes:
         state.node_uids[name] = meta.get("uid", "")
         labels = meta.get("labels") or {}
         state.node_labels[name] = {str(k): str(v) for k, v in labels.items()}
+        state.ledger.set_node_labels(name, state.node_labels[name])  # quotas' nodeSelectors
         state.node_facts[name] = node_facts(obj)
         capacity = node_capacity(obj, state.limits, self._config.ram_source)
         if capacity.problems and capacity.problems != self._bad_values.get(name):

@@ -190,6 +190,8 @@ class Reconciler:
             return
         record.node, record.pod = entry.node, entry.owner.pod
         entry.devices = dict(record.decision.devices)  # stamped with the decision
+        if entry.expires_at is None and record.decision.expires_at is not None:
+            entry.expires_at = entry.given_expiry = record.decision.expires_at  # stamped too
         if record.pod:
             seen = self._state.pods.get((record.namespace, record.pod))
             owner_uid = owning_pod_uid(obj)  # a gated pod's: exactly its incarnation

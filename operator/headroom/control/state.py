@@ -166,6 +166,7 @@ class State:
             del self.holders[record.entry_id]
         self.dirty_nodes.add(record.node)
         self.room_nodes.add(record.node)  # room may have appeared for a waiting one
+        self.room_nodes |= self.ledger.quota_waiters(record.namespace)  # ... or in its quota
         if record.pod:
             key = (record.namespace, record.pod)
             owned = self.owned.get(key)

@@ -151,6 +151,8 @@ class Ledger:
     def quota_waiters(self, namespace: str | None = None) -> set[str]:
         """Nodes whose waiters may fit now that ``namespace`` released memory, or (None) a
         quota or a namespace's labels changed: those waiting for a quota it shares."""
+        if not self.waiting.any_for_quota:
+            return set()
         return self.waiting.for_quota(None if namespace is None else self.quotas.sharing(namespace))
 
     def knows(self, node: str) -> bool:

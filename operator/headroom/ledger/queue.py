@@ -102,6 +102,10 @@ class WaitQueues:
         before = bisect.bisect_left(queue, (entry.created_at, entry.id), key=lambda w: w.key)
         return sum(1 for waiting in queue[:before] if not waiting.for_quota)
 
+    @property
+    def any_for_quota(self) -> bool:
+        return bool(self._for_quota)
+
     def for_quota(self, namespaces: set[str] | None = None) -> set[str]:
         """Nodes where someone waits for a quota (of one of ``namespaces``; None: any)."""
         return {
@@ -124,6 +128,15 @@ class WaitQueues:
     def on(self, node: str) -> list[Waiting]:
         """The node's queue, oldest first (a copy)."""
         return list(self._queues.get(node, ()))
+
+    def by_namespace(self) -> dict[str, tuple[int, int]]:
+        """Per namespace: how many wait, and the RAM they ask for."""
+        counts: dict[str, tuple[int, int]] = {}
+        for waiting in self._by_id.values():
+            namespace = waiting.entry_id.split("/", 1)[0]
+            count, ram = counts.get(namespace, (0, 0))
+            counts[namespace] = (count + 1, ram + waiting.entry.ram_mb)
+        return counts
 
     def nodes(self) -> list[str]:
         return sorted(self._queues)

@@ -134,6 +134,10 @@ class Quotas:
     def knows_namespace(self, namespace: str) -> bool:
         return namespace in self._labels
 
+    def seen_namespaces(self) -> list[str]:
+        """The namespaces whose labels were given (:meth:`set_namespace`)."""
+        return list(self._labels)
+
     def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
         if labels is None:
             self._node_labels.pop(node, None)
@@ -245,7 +249,8 @@ class Quotas:
             for rules in self.governing(namespace_of(entry.id))
             if rules.lifetime_given is not None and rules.invalid is None
         ]
-        return entry.created_at + min(given) if given else None
+        # Whole seconds: what status.expiresAt can say, so a restart restores it exactly.
+        return (entry.created_at + min(given)).replace(microsecond=0) if given else None
 
     def refusal(self, entry: Entry) -> tuple[Reason, str] | None:
         """Why the namespace's quotas refuse ``entry`` now, or None (no change)."""

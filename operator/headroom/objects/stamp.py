@@ -35,7 +35,7 @@ from enum import Enum
 from typing import Any
 
 from headroom.api.constants import GROUP
-from headroom.objects.status import canonical_devices, recorded_devices
+from headroom.objects.status import canonical_devices, recorded_devices, recorded_expiry
 
 JSON = dict[str, Any]
 KEY_FIELD = "decision-key"
@@ -66,14 +66,22 @@ class Stamper:
         return self._key is not None
 
     def sign(
-        self, uid: str, decision_id: str, phase: str, devices: Mapping[str, int] | None = None
+        self,
+        uid: str,
+        decision_id: str,
+        phase: str,
+        devices: Mapping[str, int] | None = None,
+        expires_at: str | None = None,
     ) -> str | None:
-        """The stamp; without devices it is the one stamps had before devices existed."""
+        """The stamp; without devices and a given expiry (``status.expiresAt``, as written)
+        it is the one stamps had before either existed."""
         if self._key is None:
             return None
         message = f"{uid}|{decision_id}|{phase}"
         if devices:
             message += f"|{canonical_devices(devices)}"
+        if expires_at:
+            message += f"|expires={expires_at}"
         return hmac.new(self._key, message.encode(), hashlib.sha256).hexdigest()[:40]
 
     def trusted(self, obj: JSON) -> bool:
@@ -86,6 +94,7 @@ class Stamper:
             str(status.get("decisionID", "")),
             str(status.get("phase", "")),
             recorded_devices(status),
+            recorded_expiry(status),
         )
         return hmac.compare_digest(expected or "", str(status.get("decisionStamp", "")))
 

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from headroom.api.constants import API_VERSION, MAX_DEVICE_NAME, MAX_GPUS, MAX_MB
+from headroom.api.parse import InvalidValueError, parse_time
 from headroom.api.reasons import Phase, Reason
 from headroom.api.refs import ObjectRef
 
@@ -51,6 +52,13 @@ class Decision:
     position: int | None = None  # while Queued: its place in its node's queue
     #: Admitted on a node's GPU devices: device id -> MiB held there (status.devices).
     devices: dict[str, int] = field(default_factory=dict)
+    #: The expiry its quota gave it, spec.expiresAt being absent (status.expiresAt).
+    expires_at: datetime | None = None
+
+    @property
+    def expiry_text(self) -> str | None:
+        """``status.expiresAt`` as written (and stamped): whole seconds."""
+        return timestamp(self.expires_at) if self.expires_at is not None else None
 
     def matches(self, status: JSON) -> bool:
         """Whether an object's status already carries this decision."""
@@ -92,6 +100,8 @@ def status_body(decision: Decision, last_heartbeat: datetime | None = None) -> J
             status["devices"] = [
                 {"id": device, "memoryMB": mib} for device, mib in sorted(decision.devices.items())
             ]
+        if decision.expires_at is not None:
+            status["expiresAt"] = timestamp(decision.expires_at)
         if last_heartbeat is not None:
             status["lastHeartbeat"] = precise(last_heartbeat)
     elif decision.phase == Phase.RECLAIMED:
@@ -146,7 +156,24 @@ def decision_of(status: JSON, at: datetime) -> Decision | None:
         generation=generation if isinstance(generation, int) else None,
         position=position if isinstance(position, int) else None,
         devices=recorded_devices(status) if phase == Phase.ADMITTED else {},
+        expires_at=_expiry(status) if phase == Phase.ADMITTED else None,
     )
+
+
+def recorded_expiry(status: JSON) -> str | None:
+    """``status.expiresAt`` as written, if it is a string (what the stamp covers)."""
+    value = status.get("expiresAt")
+    return value if isinstance(value, str) and value else None
+
+
+def _expiry(status: JSON) -> datetime | None:
+    text = recorded_expiry(status)
+    if text is None:
+        return None
+    try:
+        return parse_time(text)
+    except InvalidValueError:
+        return None  # the stamp covers the text: a changed one no longer verifies
 
 
 def recorded_devices(status: JSON) -> dict[str, int]:

@@ -112,6 +112,18 @@ NODEHEADROOMS = Kind(
     status_on_create="drop",
     unconditional_update=False,
 )
+HEADROOMQUOTAS = Kind(
+    "headroom.dev",
+    "v1alpha1",
+    "headroomquotas",
+    "HeadroomQuota",
+    namespaced=False,
+    status_subresource=True,
+    custom=True,
+    generation=True,
+    status_on_create="drop",
+    unconditional_update=False,
+)
 
 KINDS: tuple[Kind, ...] = (
     NODES,
@@ -122,6 +134,7 @@ KINDS: tuple[Kind, ...] = (
     LEASES,
     RESERVATIONS,
     NODEHEADROOMS,
+    HEADROOMQUOTAS,
 )
 _BY_PLURAL = {(k.group, k.version, k.plural): k for k in KINDS}
 

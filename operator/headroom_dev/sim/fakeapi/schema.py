@@ -67,7 +67,7 @@ CEL_RULES: dict[str, CelRule] = {
             else not req.get("values")
         )
     ),
-    f"self.all(k, size(k) <= 317 && k.matches('{LABEL_KEY}'))": (
+    f"self.all(k, size(k) <= 317 && k.matches(r'{LABEL_KEY}'))": (
         lambda labels, _: all(len(k) <= 317 and re.search(LABEL_KEY, k) for k in labels)
     ),
 }
