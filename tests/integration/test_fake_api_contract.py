@@ -211,6 +211,22 @@ def test_status_subresource_and_main_resource_each_change_only_their_part(
     backend.run(scenario)
 
 
+def test_a_null_where_the_schema_has_no_nullable_is_dropped(backend: Backend) -> None:
+    """kube-apiserver prunes a null the schema does not allow instead of refusing it (a
+    NodeHeadroom device without a model is written so); the fake once refused it."""
+
+    async def scenario(api: Transport, ns: str) -> None:
+        await api.create(rsv_path(ns), reservation("a"))
+        path = rsv_path(ns, "a") + "/status"
+        written = await api.json_patch(
+            path,
+            [{"op": "add", "path": "/status", "value": {"phase": "Admitted", "message": None}}],
+        )
+        assert written["status"] == {"phase": "Admitted"}
+
+    backend.run(scenario)
+
+
 def test_reservation_spec_is_immutable(backend: Backend) -> None:
     async def scenario(api: Transport, ns: str) -> None:
         await api.create(rsv_path(ns), reservation("a"))

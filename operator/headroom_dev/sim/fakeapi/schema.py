@@ -5,7 +5,8 @@ a simulation is for, so writes to Reservations and NodeHeadrooms go through the
 same three steps as on the real server, from the same schema (generated from the
 models by :func:`headroom.api.crd.all_crds`, so the fake follows model changes):
 
-1. pruning: fields the schema does not know are dropped (a structural schema);
+1. pruning: fields the schema does not know are dropped (a structural schema), and so
+   is a null where the schema does not say ``nullable``;
 2. defaulting: a missing property with a ``default`` gets it (``spec.vramMB: 0``);
 3. validation: type, required, enum, bounds, lengths, pattern, ``date-time``,
    ``maxItems``, list-map keys, and the CEL rules (``x-kubernetes-validations``).
@@ -126,6 +127,8 @@ def prune_and_default(value: Any, schema: Schema, *, root: bool = False, old: An
                 if not (root and key in ("apiVersion", "kind", "metadata")):
                     del value[key]
             for key, sub in known.items():
+                if key in value and value[key] is None and not sub.get("nullable"):
+                    del value[key]  # a null where the schema has no nullable: dropped, not refused
                 if key in value:
                     if not (root and key == "metadata"):
                         old_sub = old.get(key, _ABSENT) if type(old) is dict else _ABSENT
