@@ -11,8 +11,8 @@ tenants, and checks the operator's promises at every change and at the end
 ``HEADROOM_SIM_SCHEDULES`` sets how many (default 2,000, about a minute on two
 cores); ``HEADROOM_SIM_BASE`` the first seed (default 0), to explore new ones.
 Every behaviour checked here also has a test on the real control plane
-(tests/integration/test_reconcile.py, test_pod_gates.py, tests/e2e/test_liveness.py,
-test_chaos.py, test_pod_gates_scheduled.py).
+(tests/integration/test_reconcile.py, test_pod_gates.py, test_quotas.py,
+tests/e2e/test_liveness.py, test_chaos.py, test_pod_gates_scheduled.py).
 """
 
 from __future__ import annotations
@@ -76,6 +76,12 @@ def test_seeded_schedules_keep_every_promise() -> None:
         "Reclaimed/OwnerPodFinished",
         "Admitted/OverCommitted",
         "gc-delete",
+        # quotas (headroom_dev.sim.quotachecks): decided under them, changed, deleted
+        "admitted-under-quota",
+        "Rejected/QuotaExceeded",
+        "Queued/QuotaExceeded",
+        "quota-change",
+        "quota-delete",
     ):
         assert totals[what] > 0 or len(seeds) < 100, f"no schedule had {what}"
 

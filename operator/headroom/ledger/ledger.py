@@ -43,7 +43,7 @@ from headroom.ledger.entry import Entry
 from headroom.ledger.node import NodeState
 from headroom.ledger.pods import PodKey, PodRequests
 from headroom.ledger.queue import QUOTA_WAITABLE, WaitQueues
-from headroom.ledger.quotas import Quotas
+from headroom.ledger.quotas import Quotas, namespace_of
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
 
@@ -203,7 +203,8 @@ class Ledger:
         Under strict FIFO nothing goes ahead of a reservation already waiting on the
         node: a newcomer waits behind it (or, without a wait, is refused).
         """
-        ahead = self.waiting.ahead_of(entry) if strict else 0
+        sharing = self.quotas.sharing(namespace_of(entry.id)) if strict else set()
+        ahead = self.waiting.ahead_of(entry, sharing) if strict else 0
         if ahead and entry.id not in self._entries:
             refusal: tuple[Reason, str] | None = (
                 Reason.WAITERS_AHEAD,
@@ -276,8 +277,13 @@ class Ledger:
         admitted: list[Decision] = []
         for node in sorted(set(nodes)):
             oldest_undecided = (undecided or {}).get(node)
+            held_back: set[str] = set()  # namespaces behind one waiting for their quota
             for waiting in self.waiting.on(node):
                 entry = waiting.entry
+                if namespace_of(entry.id) in held_back:
+                    # Behind the head of its own quota: it waits for that quota too.
+                    self.waiting.still_refused(entry.id, Reason.QUOTA_EXCEEDED)
+                    continue
                 if strict and oldest_undecided and oldest_undecided < waiting.key:
                     break  # an older one, not decided yet, goes first
                 refusal = self._refusal(entry, now)
@@ -286,8 +292,12 @@ class Ledger:
                     admitted.append(self.reserve(entry, now))
                     continue
                 self.waiting.still_refused(entry.id, refusal[0])
-                if strict and refusal[0] != Reason.ALREADY_EXPIRED and not waiting.for_quota:
-                    break  # the oldest blocks the ones behind it (on the node's room)
+                if not strict or refusal[0] == Reason.ALREADY_EXPIRED:
+                    continue
+                if not waiting.for_quota:
+                    break  # the oldest blocks the ones behind it
+                # ... of its own quotas only: other tenants do not wait for that quota.
+                held_back |= self.quotas.sharing(namespace_of(entry.id))
         return admitted
 
     def wait_over(self, now: datetime) -> list[Decision]:

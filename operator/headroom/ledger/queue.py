@@ -95,12 +95,17 @@ class WaitQueues:
     def get(self, entry_id: str) -> Waiting | None:
         return self._by_id.get(entry_id)
 
-    def ahead_of(self, entry: Entry) -> int:
-        """How many wait for room on ``entry``'s node and were created before it (creation
-        key); those waiting for their quota are not counted: they wait for something else."""
+    def ahead_of(self, entry: Entry, sharing: set[str]) -> int:
+        """How many wait on ``entry``'s node and were created before it (creation key):
+        for room on the node, or for a quota of the namespaces ``sharing`` (those of its
+        own quotas). Another tenant waiting for its own quota waits for something else."""
         queue = self._queues.get(entry.node, [])
         before = bisect.bisect_left(queue, (entry.created_at, entry.id), key=lambda w: w.key)
-        return sum(1 for waiting in queue[:before] if not waiting.for_quota)
+        return sum(
+            1
+            for waiting in queue[:before]
+            if not waiting.for_quota or waiting.entry_id.split("/", 1)[0] in sharing
+        )
 
     @property
     def any_for_quota(self) -> bool:

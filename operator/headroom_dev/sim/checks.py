@@ -23,7 +23,9 @@ At every change the fake API server applies (``FakeApiServer.subscribe``):
   the writing operator's record said at most ``LANDING_SLACK`` seconds before
   (the network's latency), unless that operator's network was paused meanwhile;
 - **strict FIFO**: under that strategy, a reservation that waited is admitted only
-  when no older one still waits on its node in the deciding operator's ledger;
+  when no older one still waits on its node in the deciding operator's ledger
+  (but another tenant's waiting for its own quota);
+- **never over a quota** (:mod:`headroom_dev.sim.quotachecks`);
 - **no NodeUnknown for a known node**: a reservation is not refused NodeUnknown
   when its node was there, with a known capacity, from before the reservation
   was created until the refusal landed.
@@ -48,6 +50,7 @@ from headroom.control.controller import Controller
 from headroom.ledger.node import NodeState
 from headroom.objects.nodes import node_capacity
 from headroom_dev.sim.devicechecks import DeviceBook
+from headroom_dev.sim.quotachecks import QuotaBook
 
 JSON = dict[str, Any]
 SHRINK_GRACE = 90.0  # seconds: a lost Node event is caught by the resync (30 s) and a relist
@@ -110,10 +113,12 @@ class Checker:
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     _last_value: dict[tuple[str, str, str], str] = field(default_factory=dict)
     devices: DeviceBook = field(init=False)
+    quotas: QuotaBook = field(init=False)
 
     def __post_init__(self) -> None:
         self.window = self.config.limits.heartbeat_stale_window.total_seconds()
         self.devices = DeviceBook(self.fail, self._count)
+        self.quotas = QuotaBook(self.fail, self._count, self.now)
 
     def _count(self, what: str) -> None:
         self.counts[what] += 1
@@ -139,6 +144,10 @@ class Checker:
                 self._beat("Pod", key, obj)
         elif kind == "Reservation":
             self._on_reservation(event_type, obj)
+        elif kind == "Namespace":
+            self.quotas.on_namespace(event_type, obj)
+        elif kind == "HeadroomQuota":
+            self.quotas.on_quota(event_type, obj)
 
     def _on_node(self, event_type: str, obj: JSON) -> None:
         name = obj["metadata"]["name"]
@@ -183,6 +192,7 @@ class Checker:
         if event_type == "DELETED":
             self._admitted.pop(uid, None)
             self.devices.released(uid)
+            self.quotas.released(uid)
             self._deleted_at[uid] = self.now()
             return
         self._created.setdefault(uid, self.now())
@@ -215,6 +225,7 @@ class Checker:
         elif phase == "Reclaimed":
             self._admitted.pop(uid, None)
             self.devices.released(uid)
+            self.quotas.released(uid)
             self._reclaim(uid, key, obj, status)
 
     def _admission(self, uid: str, key: tuple[str, str], obj: JSON) -> None:
@@ -230,7 +241,9 @@ class Checker:
                 other in self._admitted and not _decided_after(self._over.get(other), decision)
             ),
         )
-        if (obj.get("status") or {}).get("reason") == "OverCommitted":
+        forced = (obj.get("status") or {}).get("reason") == "OverCommitted"
+        self.quotas.admitted(uid, key, ram, forced)
+        if forced:
             self._over[uid] = decision
             return  # a pod already running there, recorded as it is (podchecks checks that)
         limit = self._limit(node)
@@ -271,7 +284,10 @@ class Checker:
         if controller is None:
             return
         created = (obj["metadata"].get("creationTimestamp") or "", key)
+        sharing = controller.state.ledger.quotas.sharing(key[0])
         for waiting in controller.state.ledger.waiting.on(obj["spec"]["node"]):
+            if waiting.for_quota and waiting.entry_id.split("/", 1)[0] not in sharing:
+                continue  # another tenant's, waiting for its own quota
             ahead = waiting.entry.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")
             if (ahead, tuple(waiting.entry.id.split("/", 1))) < created:
                 self.fail(f"{key}: admitted while {waiting.entry.id} still waits ahead of it")

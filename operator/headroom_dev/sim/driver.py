@@ -5,7 +5,8 @@ two operator processes (``headroom.control.Controller`` exactly as production
 runs it, with leader election in some schedules), nodes, tenants who create,
 heartbeat (through their reservation or an owner pod) and delete reservations,
 in some schedules gated pods and the cluster around them
-(:mod:`headroom_dev.sim.pods`), and an adversary who resizes and deletes nodes,
+(:mod:`headroom_dev.sim.pods`), in some tenants under HeadroomQuotas that an
+admin raises, lowers, deletes and creates again, and an adversary who resizes and deletes nodes,
 deletes and unlabels owner pods, crashes and restarts the operator, pauses the
 leader past its Lease, cuts the network for a while, breaks watches and compacts
 history — on top of a network that throttles, fails, loses answers and drops,
@@ -38,6 +39,7 @@ from headroom.control.supervisor import Supervisor
 from headroom.kube.events import EventRecorder
 from headroom.kube.leader import LeaderElector, LeaseSettings
 from headroom.kube.transport import ApiError, ApiUnavailableError, resource_path
+from headroom.ledger.quotas import NAME_LABEL
 from headroom_dev.sim.checks import Checker, Replica
 from headroom_dev.sim.fakeapi import FakeApiServer, FaultPlan
 from headroom_dev.sim.fakeapi.client import FakeClient
@@ -50,6 +52,10 @@ LEASE = ("kube-system", "headroom")
 WINDOW = 20.0
 QUIESCE = 90.0  # virtual seconds of calm at the end: a window, a resync, and slack
 POD_SHARE = 0.5  # of schedules that have gated pods (headroom_dev.sim.pods)
+QUOTA_SHARE = 0.5  # of schedules with tenants under quotas
+TEAMS = ("team-a", "team-b")  # both under quota "team"; team-b also under "b-only"
+JSON = dict[str, Any]
+QUOTAS = resource_path("headroom.dev", "v1alpha1", "headroomquotas")
 
 
 @dataclass
@@ -195,6 +201,8 @@ class _Schedule:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.stats: dict[str, int] = {}
         self.noisy = self.rng.random() < 0.8  # a network that misbehaves all along
+        self.quotas = self.rng.random() < QUOTA_SHARE
+        self.where: dict[str, str] = {}  # reservation -> its namespace
         self.trace: list[str] = []
         self.calmed = False
         self.ending = False
@@ -235,6 +243,11 @@ class _Schedule:
 
     async def run(self) -> Outcome:
         self.server.ensure_namespace(NAMESPACE)
+        if self.quotas:
+            for team in TEAMS:
+                self.server.ensure_namespace(team, {"team": "t"})
+            self.put_quota("team", {"matchLabels": {"team": "t"}})
+            self.put_quota("b-only", {"matchLabels": {NAME_LABEL: "team-b"}})
         for i in range(self.rng.randint(1, 3)):
             self.put_node(f"node-{i}")
         for _ in range(2 if self.leader else 1):
@@ -251,6 +264,7 @@ class _Schedule:
             (1, self.outage),
             (0.5, self.break_watches),
             (0.3, self.compact),
+            *([(1.0, self.change_quota)] if self.quotas else []),
             *(self.pods.actions() if self.pods is not None else []),
         ]
         weights = [w for w, _ in actions]
@@ -397,11 +411,49 @@ class _Schedule:
 
             self.spawn(back())
 
+    # -- quotas ----------------------------------------------------------------------------
+
+    def put_quota(self, name: str, selector: JSON) -> None:
+        """Create, or change, a quota: new limits, sometimes a default lifetime."""
+        spec: JSON = {
+            "namespaceSelector": selector,
+            "ramMB": self.rng.choice([1024, 2048, 3072, 6144]),
+            "maxEntries": self.rng.choice([2, 3, 5]),
+        }
+        if self.rng.random() < 0.3:
+            spec["defaultLifetime"] = f"{self.rng.randint(5, 60)}s"
+        body = {"apiVersion": "headroom.dev/v1alpha1", "kind": "HeadroomQuota"}
+        path = f"{QUOTAS}/{name}"
+        existing = self.server.get(path)
+        if existing is None:
+            self.server.create(QUOTAS, {**body, "metadata": {"name": name}, "spec": spec})
+        else:
+            self.server.merge_patch(path, {"spec": {"defaultLifetime": None, **spec}})
+        self.log(f"quota {name}: {spec}")
+
+    def change_quota(self) -> None:
+        """An admin raises or lowers a quota, or deletes it (and may create it again)."""
+        name = self.rng.choice(["team", "b-only"])
+        selector = (
+            {"matchLabels": {"team": "t"}}
+            if name == "team"
+            else {"matchLabels": {NAME_LABEL: "team-b"}}
+        )
+        if self.rng.random() < 0.25 and self.server.get(f"{QUOTAS}/{name}") is not None:
+            self.server.delete(f"{QUOTAS}/{name}")
+            self.count("quota-delete")
+            self.log(f"quota {name} deleted")
+            return
+        self.put_quota(name, selector)
+        self.count("quota-change")
+
     # -- tenants ---------------------------------------------------------------------------
 
     def create_reservation(self) -> None:
         name = f"r{len(self.reservations)}"
         self.reservations.append(name)
+        namespace = self.rng.choice([NAMESPACE, *TEAMS]) if self.quotas else NAMESPACE
+        self.where[name] = namespace
         node = self.rng.choice([*sorted(self.nodes), "node-9"]) if self.nodes else "node-0"
         spec: dict[str, Any] = {}
         if self.rng.random() < 0.2:
@@ -419,16 +471,16 @@ class _Schedule:
             spec["owner"] = {"pod": pod}
             self.owners[name] = pod
             if how == "pod":
-                self.server.create_pod(NAMESPACE, pod, labels={OWNER_LABEL: "true"})
+                self.server.create_pod(namespace, pod, labels={OWNER_LABEL: "true"})
         try:
             self.server.create_reservation(
-                NAMESPACE, name, node, self.rng.choice([256, 512, 1024, 2048, 3072]), vram, **spec
+                namespace, name, node, self.rng.choice([256, 512, 1024, 2048, 3072]), vram, **spec
             )
         except ApiError:
             return
         self.count("create")
         if how == "late-pod":  # created just after its reservation: the operator must look it up
-            self.server.create_pod(NAMESPACE, f"owner-{name}", labels={OWNER_LABEL: "true"})
+            self.server.create_pod(namespace, f"owner-{name}", labels={OWNER_LABEL: "true"})
         if how in ("self", "pod", "late-pod"):
             lifetime = self.rng.uniform(0, 120)
             self.beating[name] = asyncio.create_task(self.beat(name, how == "self", lifetime))
@@ -440,16 +492,16 @@ class _Schedule:
             await asyncio.sleep(self.rng.uniform(1, WINDOW / 3))
             with contextlib.suppress(ApiError):
                 if on_reservation:
-                    self.server.heartbeat(NAMESPACE, name)
+                    self.server.heartbeat(self.where[name], name)
                 else:
-                    self.server.heartbeat_pod(NAMESPACE, self.owners[name])
+                    self.server.heartbeat_pod(self.where[name], self.owners[name])
 
     def delete_reservation(self) -> None:
         if not self.reservations:
             return
         name = self.rng.choice(self.reservations)
         with contextlib.suppress(ApiError):
-            self.server.delete_reservation(NAMESPACE, name)
+            self.server.delete_reservation(self.where[name], name)
             self.count("delete")
         if (task := self.beating.pop(name, None)) is not None:
             task.cancel()
@@ -459,7 +511,7 @@ class _Schedule:
             return
         name = self.rng.choice(sorted(self.owners))
         with contextlib.suppress(ApiError):
-            self.server.delete_pod(NAMESPACE, self.owners[name])
+            self.server.delete_pod(self.where[name], self.owners[name])
             self.count("pod-delete")
         if (task := self.beating.pop(name, None)) is not None:
             task.cancel()
@@ -467,9 +519,10 @@ class _Schedule:
     def unlabel_owner_pod(self) -> None:
         if not self.owners:
             return
-        pod = self.owners[self.rng.choice(sorted(self.owners))]
+        name = self.rng.choice(sorted(self.owners))
+        pod = self.owners[name]
         with contextlib.suppress(ApiError):
-            path = resource_path("", "v1", "pods", NAMESPACE, pod)
+            path = resource_path("", "v1", "pods", self.where[name], pod)
             self.server.merge_patch(path, {"metadata": {"labels": {OWNER_LABEL: None}}})
             self.count("unlabel")
 

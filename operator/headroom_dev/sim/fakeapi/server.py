@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from headroom.api.constants import HEARTBEAT_ANNOTATION
 from headroom.kube.transport import ApiError, ApiUnavailableError, resource_path
+from headroom.ledger.quotas import NAME_LABEL
 from headroom_dev.sim.fakeapi.client import FakeClient
 from headroom_dev.sim.fakeapi.events import EventLog
 from headroom_dev.sim.fakeapi.faults import FaultPlan
@@ -197,9 +198,11 @@ class FakeApiServer:
 
     # -- tenants ---------------------------------------------------------------------------------
 
-    def ensure_namespace(self, name: str) -> None:
+    def ensure_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """A namespace, with the label kube-apiserver gives every one (its name)."""
         if self.store.peek(NAMESPACES, None, name) is None:
-            self.create(resource_path("", "v1", "namespaces"), {"metadata": {"name": name}})
+            metadata = {"name": name, "labels": {**(labels or {}), NAME_LABEL: name}}
+            self.create(resource_path("", "v1", "namespaces"), {"metadata": metadata})
 
     def create_pod(
         self,
