@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from headroom.api.reasons import Reason
 from headroom.ledger.entry import Entry
-from headroom.ledger.queue import QUOTA_WAITABLE
 
 
 class UnknownEntryError(LookupError):
@@ -30,6 +29,9 @@ class Decision:
         return self.position is not None
 
 
+#: Refusals made by a namespace's quota: waited out in the quota, not on the node, so
+#: (under strict FIFO) they hold back no one else's claim on the node.
+QUOTA_WAITABLE = frozenset({Reason.QUOTA_EXCEEDED, Reason.NO_QUOTA, Reason.QUOTA_INVALID})
 #: Refusals a reservation may wait out (room may appear); the others are final.
 WAITABLE = QUOTA_WAITABLE | {
     Reason.NODE_UNKNOWN,

@@ -33,6 +33,7 @@ from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
 from headroom.ledger.decisions import (
+    QUOTA_WAITABLE,
     WAITABLE,
     Decision,
     Reclaimed,
@@ -42,7 +43,7 @@ from headroom.ledger.decisions import (
 from headroom.ledger.entry import Entry
 from headroom.ledger.node import NodeState
 from headroom.ledger.pods import PodKey, PodRequests
-from headroom.ledger.queue import QUOTA_WAITABLE, WaitQueues
+from headroom.ledger.queue import WaitQueues
 from headroom.ledger.quotas import Quotas, namespace_of
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
@@ -203,8 +204,11 @@ class Ledger:
         Under strict FIFO nothing goes ahead of a reservation already waiting on the
         node: a newcomer waits behind it (or, without a wait, is refused).
         """
-        sharing = self.quotas.sharing(namespace_of(entry.id)) if strict else set()
-        ahead = self.waiting.ahead_of(entry, sharing) if strict else 0
+        for_room = for_quota = 0
+        if strict:
+            sharing = self.quotas.sharing(namespace_of(entry.id))
+            for_room, for_quota = self.waiting.ahead_of(entry, sharing)
+        ahead = for_room + for_quota
         if ahead and entry.id not in self._entries:
             refusal: tuple[Reason, str] | None = (
                 Reason.WAITERS_AHEAD,
@@ -216,7 +220,15 @@ class Ledger:
             return self.reserve(entry, now)
         reason, message = refusal
         if until is not None and until > now and reason in WAITABLE:
-            position = self.waiting.add(entry, until, reason)
+            given = self.quotas.expiry(entry) if entry.expires_at is None else None
+            position = self.waiting.add(
+                entry,
+                until,
+                # Refused by its quota, or waiting only behind others of its quota.
+                for_quota=reason in QUOTA_WAITABLE
+                or (reason == Reason.WAITERS_AHEAD and not for_room),
+                expires=given,
+            )
             return Decision(
                 False, reason, f"{message}; waits until {until.isoformat()}", entry, position
             )
@@ -282,7 +294,7 @@ class Ledger:
                 entry = waiting.entry
                 if namespace_of(entry.id) in held_back:
                     # Behind the head of its own quota: it waits for that quota too.
-                    self.waiting.still_refused(entry.id, Reason.QUOTA_EXCEEDED)
+                    self.waiting.still_refused(entry.id, for_quota=True)
                     continue
                 if strict and oldest_undecided and oldest_undecided < waiting.key:
                     break  # an older one, not decided yet, goes first
@@ -291,7 +303,7 @@ class Ledger:
                     self.waiting.remove(entry.id)
                     admitted.append(self.reserve(entry, now))
                     continue
-                self.waiting.still_refused(entry.id, refusal[0])
+                self.waiting.still_refused(entry.id, for_quota=refusal[0] in QUOTA_WAITABLE)
                 if not strict or refusal[0] == Reason.ALREADY_EXPIRED:
                     continue
                 if not waiting.for_quota:
@@ -305,14 +317,15 @@ class Ledger:
         refused = []
         for waiting in self.waiting.due(now):
             entry = waiting.entry
-            if entry.is_expired(now):
+            expiry = entry.expires_at or self.quotas.expiry(entry)  # its own, or its quota's
+            if expiry is not None and expiry <= now:
                 reason, message = (
                     Reason.ALREADY_EXPIRED,
-                    (
-                        f"expired at {entry.expires_at.isoformat() if entry.expires_at else ''} "
-                        "while waiting for room"
-                    ),
+                    f"expired at {expiry.isoformat()} while waiting for room",
                 )
+            elif waiting.until > now:  # its quota gives a longer lifetime now: waits on
+                self.waiting.add(entry, waiting.until, for_quota=waiting.for_quota, expires=expiry)
+                continue
             else:
                 reason = Reason.WAIT_TIMEOUT
                 why = self._refusal(entry, now)  # NodeUnknown's words if the node is gone

@@ -20,12 +20,7 @@ import itertools
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from headroom.api.reasons import Reason
 from headroom.ledger.entry import Entry
-
-#: Refusals made by a namespace's quota: waited out in the quota, not on the node, so
-#: (under strict FIFO) they hold back no one else's claim on the node.
-QUOTA_WAITABLE = frozenset({Reason.QUOTA_EXCEEDED, Reason.NO_QUOTA, Reason.QUOTA_INVALID})
 
 
 @dataclass(order=True, slots=True)
@@ -42,12 +37,9 @@ class Waiting:
     sequence: int = field(compare=False)
     entry: Entry = field(compare=False)
     until: datetime = field(compare=False)  # creation + wait
-    #: Why it waits, as last decided: a quota's refusal holds back no one else on the node.
-    reason: Reason | None = field(default=None, compare=False)
-
-    @property
-    def for_quota(self) -> bool:
-        return self.reason in QUOTA_WAITABLE
+    #: It waits for its quota (refused by it, or behind one that is), not for the node's
+    #: room: under strict FIFO it holds back no other tenant's claim on the node.
+    for_quota: bool = field(default=False, compare=False)
 
     @property
     def key(self) -> tuple[datetime, str]:
@@ -69,15 +61,24 @@ class WaitQueues:
     def __contains__(self, entry_id: str) -> bool:
         return entry_id in self._by_id
 
-    def add(self, entry: Entry, until: datetime, reason: Reason | None = None) -> int:
-        """Start waiting; returns the entry's position on its node (1 is next)."""
-        waiting = Waiting(entry.created_at, entry.id, next(self._sequence), entry, until, reason)
+    def add(
+        self,
+        entry: Entry,
+        until: datetime,
+        *,
+        for_quota: bool = False,
+        expires: datetime | None = None,
+    ) -> int:
+        """Start waiting (until ``until``, or its expiry: its own, else ``expires``, the one
+        its quota gives); returns the entry's position on its node (1 is next)."""
+        waiting = Waiting(entry.created_at, entry.id, next(self._sequence), entry, until, for_quota)
         queue = self._queues.setdefault(entry.node, [])
         bisect.insort(queue, waiting)
         self._by_id[entry.id] = waiting
         if waiting.for_quota:
             self._for_quota[entry.id] = waiting
-        deadline = min(until, entry.expires_at) if entry.expires_at else until
+        expiry = entry.expires_at or expires
+        deadline = min(until, expiry) if expiry else until
         heapq.heappush(self._deadlines, (deadline, waiting.sequence, entry.id))
         return queue.index(waiting) + 1
 
@@ -95,17 +96,19 @@ class WaitQueues:
     def get(self, entry_id: str) -> Waiting | None:
         return self._by_id.get(entry_id)
 
-    def ahead_of(self, entry: Entry, sharing: set[str]) -> int:
-        """How many wait on ``entry``'s node and were created before it (creation key):
-        for room on the node, or for a quota of the namespaces ``sharing`` (those of its
+    def ahead_of(self, entry: Entry, sharing: set[str]) -> tuple[int, int]:
+        """How many wait on ``entry``'s node, created before it (creation key), for room
+        on the node; and how many for a quota of the namespaces ``sharing`` (those of its
         own quotas). Another tenant waiting for its own quota waits for something else."""
         queue = self._queues.get(entry.node, [])
         before = bisect.bisect_left(queue, (entry.created_at, entry.id), key=lambda w: w.key)
-        return sum(
-            1
-            for waiting in queue[:before]
-            if not waiting.for_quota or waiting.entry_id.split("/", 1)[0] in sharing
-        )
+        for_room = for_quota = 0
+        for waiting in queue[:before]:
+            if not waiting.for_quota:
+                for_room += 1
+            elif waiting.entry_id.split("/", 1)[0] in sharing:
+                for_quota += 1
+        return for_room, for_quota
 
     @property
     def any_for_quota(self) -> bool:
@@ -119,13 +122,13 @@ class WaitQueues:
             if namespaces is None or waiting.entry_id.split("/", 1)[0] in namespaces
         }
 
-    def still_refused(self, entry_id: str, reason: Reason) -> None:
-        """A waiting reservation was tried again and still does not fit, now for ``reason``."""
+    def still_refused(self, entry_id: str, *, for_quota: bool) -> None:
+        """A waiting reservation was tried again and still does not fit (for its quota)."""
         waiting = self._by_id.get(entry_id)
         if waiting is None:
             return
-        waiting.reason = reason
-        if waiting.for_quota:
+        waiting.for_quota = for_quota
+        if for_quota:
             self._for_quota[entry_id] = waiting
         else:
             self._for_quota.pop(entry_id, None)

@@ -1,0 +1,60 @@
+"""Waiting under quotas, case by case: what the simulation found (seeds 794, 1912)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from headroom.api.reasons import Reason
+from headroom.api.selectors import LabelSelector
+from headroom.ledger import Ledger
+from headroom.ledger.quotas import QuotaRules
+from tests.unit.test_core_admission import T0, entry, ledger
+
+LATER = T0 + timedelta(minutes=10)
+
+
+def _under_quota(book: Ledger, **rules: object) -> None:
+    for namespace in ("a", "b", "other"):
+        book.quotas.set_namespace(namespace, {"team": "t" if namespace != "other" else "o"})
+    selector = LabelSelector.model_validate({"matchLabels": {"team": "t"}})
+    book.quotas.set_quota(QuotaRules(name="team", namespaces=selector, **rules))  # type: ignore[arg-type]
+
+
+def test_a_waiter_whose_quota_lifetime_runs_out_is_refused_expired_not_left_waiting() -> None:
+    book = ledger(total=5120)
+    _under_quota(book, default_lifetime=timedelta(seconds=11))
+    assert book.reserve(entry("other/holder", 4096), T0).admitted
+    waiting = book.reserve_or_wait(entry("a/late", 1024), T0, LATER)
+    assert waiting.queued
+    assert book.wait_over(T0 + timedelta(seconds=10)) == []
+    [refused] = book.wait_over(T0 + timedelta(seconds=11))
+    assert refused.reason == Reason.ALREADY_EXPIRED
+    assert refused.message.startswith(f"expired at {(T0 + timedelta(seconds=11)).isoformat()}")
+    assert "a/late" not in book.waiting
+
+
+def test_a_longer_quota_lifetime_keeps_a_waiter_waiting() -> None:
+    book = ledger(total=5120)
+    _under_quota(book, default_lifetime=timedelta(seconds=11))
+    assert book.reserve(entry("other/holder", 4096), T0).admitted
+    assert book.reserve_or_wait(entry("a/late", 1024), T0, LATER).queued
+    _under_quota(book, default_lifetime=timedelta(hours=1))
+    assert book.wait_over(T0 + timedelta(seconds=11)) == []
+    assert "a/late" in book.waiting
+
+
+def test_strict_fifo_a_quota_waiter_holds_back_its_own_quota_only() -> None:
+    book = ledger(total=9216)  # limit 8192
+    _under_quota(book, ram_mb=2048)
+    assert book.reserve(entry("a/held", 2048), T0).admitted
+    head = book.reserve_or_wait(entry("b/head", 1024), T0, LATER, strict=True)
+    assert (head.queued, head.reason) == (True, Reason.QUOTA_EXCEEDED)
+    one_second = T0 + timedelta(seconds=1)
+    mate = book.reserve_or_wait(entry("a/mate", 512, at=one_second), T0, LATER, strict=True)
+    assert (mate.queued, mate.reason) == (True, Reason.WAITERS_AHEAD)
+    stranger = book.reserve_or_wait(entry("other/x", 512, at=one_second), T0, LATER, strict=True)
+    assert stranger.admitted  # another tenant does not wait for team's quota
+    assert book.admit_waiting(T0, ["n1"], strict=True) == []  # the mate stays behind its head
+    book.release("a/held")
+    admitted = book.admit_waiting(T0, ["n1"], strict=True)
+    assert [d.entry.id for d in admitted] == ["b/head", "a/mate"]
