@@ -23,7 +23,7 @@ import os
 import random
 import uuid
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NamedTuple
 
 from headroom.api.config import OperatorConfig
 from headroom.api.paths import HEADROOM_QUOTAS, NAMESPACES, NODES, PODS, RESERVATIONS
@@ -54,8 +54,19 @@ from headroom.objects.stamp import Stamper
 log = logging.getLogger(__name__)
 DELETED = "DELETED"
 _TOMBSTONES_KEPT = 600.0  # seconds; no list takes that long
-#: The resourceVersions the watches start from (see :meth:`Controller.rebuild`).
-Versions = tuple[str, str, str, str, str, str | None, str, str]
+
+
+class ListVersions(NamedTuple):
+    """The resourceVersions of the rebuild's lists: where each watch starts."""
+
+    nodes: str
+    owner_pods: str
+    reservations: str
+    claims: str
+    all_pods: str
+    slices: str | None  # None: ResourceSlices not served (the watch waits for a resync)
+    quotas: str
+    namespaces: str
 
 
 class Controller:
@@ -247,92 +258,41 @@ class Controller:
             self._in_background(adoption.finish())
         self.ready.set()
 
-    def _follow(self, versions: Versions) -> None:
-        (
-            node_version,
-            pod_version,
-            reservation_version,
-            claim_version,
-            all_pods,
-            slices,
-            quota_version,
-            namespace_version,
-        ) = versions
-        spawn, transport, rng = self.supervisor.spawn, self.transport, self.rng
-        spawn("watch-resourceslices", self.slices.follow(slices))
-        spawn(
-            "watch-headroomquotas",
-            follow(
-                transport,
-                HEADROOM_QUOTAS,
-                quota_version,
-                self.quotas.on_quota,
-                self.quotas.relist_quotas,
-                rng=rng,
-            ),
-        )
-        spawn(
-            "watch-namespaces",
-            follow(
-                transport,
-                NAMESPACES,
-                namespace_version,
-                self.quotas.on_namespace,
-                self.quotas.relist_namespaces,
-                rng=rng,
-            ),
-        )
-        spawn(
-            "watch-reservations",
-            follow(
-                transport,
-                RESERVATIONS,
-                reservation_version,
-                self.on_reservation,
-                self.resync,
-                rng=rng,
-            ),
-        )
-        spawn(
-            "watch-nodes",
-            follow(transport, NODES, node_version, self.nodes.on_node, self.nodes.relist, rng=rng),
-        )
-        spawn(
-            "watch-pods",
-            follow(
-                transport,
-                PODS,
-                pod_version,
-                self.owners.on_pod,
-                self.owners.relist,
-                label_selector=OWNER_SELECTOR,
-                rng=rng,
-            ),
-        )
+    def _follow(self, versions: ListVersions) -> None:
+        spawn = self.supervisor.spawn
+        spawn("watch-resourceslices", self.slices.follow(versions.slices))
+        watches: list[tuple[str, str, str, Any, Any, str | None]] = [
+            # (name, path, from version, on event, relist, label selector)
+            ("reservations", RESERVATIONS, versions.reservations, self.on_reservation,
+             self.resync, None),
+            ("nodes", NODES, versions.nodes, self.nodes.on_node, self.nodes.relist, None),
+            ("headroomquotas", HEADROOM_QUOTAS, versions.quotas, self.quotas.on_quota,
+             self.quotas.relist_quotas, None),
+            ("namespaces", NAMESPACES, versions.namespaces, self.quotas.on_namespace,
+             self.quotas.relist_namespaces, None),
+            ("pods", PODS, versions.owner_pods, self.owners.on_pod, self.owners.relist,
+             OWNER_SELECTOR),
+            ("claims", PODS, versions.claims, self.gates.on_pod, self.gates.relist,
+             CLAIM_SELECTOR),
+        ]  # fmt: skip
         if self.pod_requests is not None:
+            watches.append(
+                ("all-pods", PODS, versions.all_pods, self.pod_requests.on_pod,
+                 self.pod_requests.relist, None)
+            )  # fmt: skip
+        for name, path, version, on_event, relist, selector in watches:
             spawn(
-                "watch-all-pods",
+                f"watch-{name}",
                 follow(
-                    transport,
-                    PODS,
-                    all_pods,
-                    self.pod_requests.on_pod,
-                    self.pod_requests.relist,
-                    rng=rng,
+                    self.transport,
+                    path,
+                    version,
+                    on_event,
+                    relist,
+                    label_selector=selector,
+                    rng=self.rng,
                 ),
             )
-        spawn(
-            "watch-claims",
-            follow(
-                transport,
-                PODS,
-                claim_version,
-                self.gates.on_pod,
-                self.gates.relist,
-                label_selector=CLAIM_SELECTOR,
-                rng=rng,
-            ),
-        )
 
     async def stop(self) -> None:
         """Bounded: a write not confirmed now is written again after the next start."""
@@ -376,10 +336,8 @@ class Controller:
 
     # -- rebuild and resync ------------------------------------------------------------------
 
-    async def rebuild(self) -> Versions:
-        """Rebuild the ledger; return the Node, owner Pod, Reservation, claiming Pod, all
-        Pods, ResourceSlice (None: not served), HeadroomQuota and Namespace lists'
-        resourceVersions."""
+    async def rebuild(self) -> ListVersions:
+        """Rebuild the ledger; return where each watch starts (:class:`ListVersions`)."""
         started = self.clock.monotonic()
         nodes, node_version = await list_all(self.transport, NODES)
         # Each node's GPU inventory, before any admission is restored or decided against it.
@@ -411,7 +369,7 @@ class Controller:
             len(self.state.holders),
             len(self.admission),
         )
-        return (
+        return ListVersions(
             node_version,
             pod_version,
             version,
