@@ -360,3 +360,28 @@ def test_a_poison_quota_is_isolated(
         assert decided(custom, poisoned, "blocked")["phase"] == "Admitted"
     finally:
         hq.delete(custom, bad_selector)
+
+
+def test_a_quota_created_again_under_its_name_gets_its_status(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    tenants: Any,
+) -> None:
+    """Found by B10: the status last written was remembered by name, so the new object,
+    whose figures were the same, was never written."""
+    node = make_node(memory="16Gi").metadata.name
+    labels = {"team": f"rc-{tenants.tag}"}
+    quota = tenants.quota(labels, ramMB=4096)
+    namespace = tenants.make(labels)
+    run_operator({"summaryInterval": "200ms"})
+    rsv.create(custom, namespace, "held", node, 1024)
+    assert decided(custom, namespace, "held")["phase"] == "Admitted"
+
+    def written() -> None:
+        assert (hq.get(custom, quota).get("status") or {}).get("ramMB") == 1024
+
+    eventually(written, timeout=15)
+    hq.delete(custom, quota)
+    hq.create(custom, quota, labels, ramMB=4096)
+    eventually(written, timeout=15)

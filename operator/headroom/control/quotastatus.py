@@ -39,7 +39,9 @@ class QuotaStatuses:
         self._state, self._feed, self._transport, self._clock = state, feed, transport, clock
         self._interval = interval.total_seconds()
         self._may_act, self._time_left = may_act, time_left
-        self._written: dict[str, JSON] = {}  # quota -> status last written (without updatedAt)
+        #: quota -> (its uid, the status last written to it, without updatedAt): a quota
+        #: deleted and created again under its name is another object, written afresh.
+        self._written: dict[str, tuple[str, JSON]] = {}
 
     async def run(self) -> None:
         """Flush forever (a supervised task)."""
@@ -78,13 +80,13 @@ class QuotaStatuses:
             del self._written[name]
         writes = []
         for name, status in self.statuses().items():
+            uid = str(self._feed.quota_objects.get(name, {}).get("uid") or "")
             figures = {k: v for k, v in status.items() if k != "updatedAt"}
-            if self._written.get(name) != figures:
-                writes.append(self._write(name, status, figures))
+            if self._written.get(name) != (uid, figures):
+                writes.append(self._write(name, uid, status, figures))
         await asyncio.gather(*writes)
 
-    async def _write(self, name: str, status: JSON, figures: JSON) -> None:
-        uid = self._feed.quota_objects.get(name, {}).get("uid")
+    async def _write(self, name: str, uid: str, status: JSON, figures: JSON) -> None:
         patch: list[JSON] = [
             {"op": "test", "path": "/metadata/uid", "value": uid},
             {"op": "add", "path": "/status", "value": status},
@@ -95,4 +97,4 @@ class QuotaStatuses:
         except (ApiError, ApiUnavailableError, TimeoutError) as error:
             log.warning("HeadroomQuota %s status not written (%s); next interval", name, error)
             return
-        self._written[name] = figures
+        self._written[name] = (uid, figures)
