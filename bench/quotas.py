@@ -32,10 +32,10 @@ Checked, or the run fails: after every run, every reservation is Admitted; after
 every quotas run, each quota's status comes to show what its 5 namespaces hold
 (N/10 entries, N/10 MiB, N/50 per namespace), and, after the clean-up, nothing.
 
-    python bench/quotas.py [--quick] [--json PATH]
+    python bench/quotas.py [--quick] [--rounds N] [--json PATH]
 
 ``--quick``: 500 reservations, B0 once, 2 runs of each variant (else 2,000, B0 3
-times, 4 runs of each).
+times, 4 runs of each); ``--rounds``: that many runs of each.
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ class QuotaBench:
 async def run(args: argparse.Namespace, result: JSON) -> None:
     count = 500 if args.quick else 2000
     b0_repeats = 1 if args.quick else 3
-    rounds = 2 if args.quick else 4
+    rounds = args.rounds or (2 if args.quick else 4)
     result.update(
         reservations=count,
         namespaces=NAMESPACES,
@@ -298,7 +298,7 @@ async def run(args: argparse.Namespace, result: JSON) -> None:
             warmed = await warm.run(PLAIN, operator)
             say(f"warm-up (plain, 200): {warmed['admissions_per_s']:.0f}/s")
             for variant in result["order"]:
-                figures = {k: round(v, 2) for k, v in (await qb.run(variant, operator)).items()}
+                figures = {k: round(v, 4) for k, v in (await qb.run(variant, operator)).items()}
                 runs = result.setdefault(variant, {}).setdefault("runs", {})
                 for key, value in figures.items():
                     runs.setdefault(key, []).append(value)
@@ -386,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--quick", action="store_true", help="500 reservations, B0 once, 2 runs of each"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="runs of each variant (default 4, quick 2)"
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
