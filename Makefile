@@ -83,6 +83,7 @@ bench: venv controlplane controllers ## Benchmarks (not part of test): core ledg
 	$(PY) bench/cluster.py $(if $(QUICK),--quick,) --json bench/results/cluster.json
 	$(PY) bench/gates.py $(if $(QUICK),--quick,) --json bench/results/gates.json
 	$(PY) bench/gpus.py $(if $(QUICK),--quick,) --json bench/results/gpus.json
+	$(PY) bench/quotas.py $(if $(QUICK),--quick,) --json bench/results/quotas.json
 
 .PHONY: dev
 dev: venv controlplane ## Local control plane + demo nodes; stays up until Ctrl-C (DEV_ONCE=1: run once, exit).
