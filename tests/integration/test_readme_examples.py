@@ -10,6 +10,7 @@ import sys
 import textwrap
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,52 @@ def test_the_gpu_example_admits_two_and_refuses_the_third_as_written(
         assert status.get("gpuSource") == "GFD", status
 
     eventually(shows_the_largest_free_device)
+
+
+def quota_example() -> dict[str, Any]:
+    text = README.read_text()
+    section = text[text.index("## Quotas per tenant") :]
+    match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert match, "the README lost its quota example"
+    [quota] = [doc for doc in yaml.safe_load_all(match.group(1)) if doc]
+    return dict(quota)
+
+
+def test_the_quota_example_applies_and_its_message_reads_as_the_readme_says(
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+) -> None:
+    """The HeadroomQuota of "Quotas per tenant" as written (its name and team label
+    swapped for the test's own, since quotas are cluster-wide): 56 GiB held, 16 more
+    refused in the README's words."""
+    quota = quota_example()
+    tag = uuid.uuid4().hex[:6]
+    quota["metadata"]["name"] = name = f"team-ml-{tag}"
+    quota["spec"]["namespaceSelector"] = {"matchLabels": {"team": f"ml-{tag}"}}
+    namespace = f"ml-train-{tag}"
+    core.create_namespace({"metadata": {"name": namespace, "labels": {"team": f"ml-{tag}"}}})
+    node = f"readme-q-{tag}"
+    make_node(node, memory="128Gi", labels={"pool": "gpu"})
+    custom.create_cluster_custom_object("headroom.dev", "v1alpha1", "headroomquotas", quota)
+    try:
+        run_operator()
+        rsv.create(custom, namespace, "held", node, 56 * 1024)
+        assert rsv.wait_for(custom, namespace, "held")["status"]["phase"] == "Admitted"
+        rsv.create(custom, namespace, "more", node, 16 * 1024)
+        status = rsv.wait_for(custom, namespace, "more")["status"]
+        said = f"namespace {namespace} (quota {name}): holds 56 GiB of 64 GiB RAM; requested 16 GiB"
+        assert (status["reason"], status["message"]) == ("QuotaExceeded", said)
+        readme = " ".join(README.read_text().split())
+        assert said.replace(name, "team-ml").replace(namespace, "ml-train") in readme
+        held = rsv.get(custom, namespace, "held")
+        created = datetime.fromisoformat(held["metadata"]["creationTimestamp"])
+        expires = datetime.fromisoformat(held["status"]["expiresAt"])
+        assert expires - created == timedelta(hours=8)  # defaultLifetime
+    finally:
+        custom.delete_cluster_custom_object("headroom.dev", "v1alpha1", "headroomquotas", name)
+        custom.delete_collection_namespaced_custom_object(
+            "headroom.dev", "v1alpha1", namespace, "reservations"
+        )
+        core.delete_namespace(namespace)
