@@ -58,3 +58,22 @@ def test_strict_fifo_a_quota_waiter_holds_back_its_own_quota_only() -> None:
     book.release("a/held")
     admitted = book.admit_waiting(T0, ["n1"], strict=True)
     assert [d.entry.id for d in admitted] == ["b/head", "a/mate"]
+
+
+def test_a_namespace_not_seen_yet_counts_under_the_quota_that_names_it() -> None:
+    """Restored before its Namespace was read: what it holds is counted under a quota
+    that selects it by the name label every namespace has; a deleted one is forgotten."""
+    book = ledger(total=9216)
+    selector = LabelSelector.model_validate(
+        {"matchLabels": {"kubernetes.io/metadata.name": "unseen"}}
+    )
+    book.quotas.set_quota(QuotaRules(name="by-name", namespaces=selector, ram_mb=2048))
+    assert book.reserve(entry("unseen/a", 1024), T0).admitted
+    assert book.quotas.used("by-name").ram_mb == 1024
+    refused = book.reserve(entry("unseen/b", 2048), T0)
+    assert refused.reason == Reason.QUOTA_EXCEEDED
+    book.quotas.set_namespace("gone", {"kubernetes.io/metadata.name": "gone"})
+    book.quotas.remove_namespace("gone")
+    assert "gone" not in book.quotas.seen_namespaces()
+    book.quotas.remove_namespace("unseen")  # still holds: still counted
+    assert book.quotas.used("by-name").ram_mb == 1024

@@ -128,8 +128,14 @@ class Quotas:
         return self._govern(namespace)
 
     def remove_namespace(self, namespace: str) -> None:
+        """The Namespace is gone. What it still holds stays counted (under the quotas that
+        select it by name) until released; one that holds nothing is forgotten."""
         self._labels.pop(namespace, None)
-        self._govern(namespace)
+        if namespace in self._use:
+            self._govern(namespace)
+            return
+        for name in self._governing.pop(namespace, ()):
+            self._quotas[name].namespaces.discard(namespace)
 
     def knows_namespace(self, namespace: str) -> bool:
         return namespace in self._labels
@@ -196,6 +202,8 @@ class Quotas:
     def add(self, entry: Entry, sign: int = 1) -> None:
         """An entry the ledger now holds (sign 1) or no longer holds (sign -1)."""
         namespace = namespace_of(entry.id)
+        if namespace not in self._use and namespace not in self._governing:
+            self._govern(namespace)  # not seen yet: governed as its name alone says
         delta = Usage(entry.ram_mb, entry.vram_mb, 1)
         use = self._use.setdefault(namespace, Usage())
         use.add(delta, sign)
