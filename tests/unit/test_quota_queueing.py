@@ -68,6 +68,7 @@ def test_a_namespace_not_seen_yet_counts_under_the_quota_that_names_it() -> None
         {"matchLabels": {"kubernetes.io/metadata.name": "unseen"}}
     )
     book.quotas.set_quota(QuotaRules(name="by-name", namespaces=selector, ram_mb=2048))
+    assert book.reserve(entry("unseen/big", 4096), T0).reason == Reason.QUOTA_EXCEEDED
     assert book.reserve(entry("unseen/a", 1024), T0).admitted
     assert book.quotas.used("by-name").ram_mb == 1024
     refused = book.reserve(entry("unseen/b", 2048), T0)

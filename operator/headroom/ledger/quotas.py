@@ -96,6 +96,7 @@ class Quotas:
         self._labels: dict[str, Mapping[str, str]] = {}  # namespace -> labels, as last seen
         self._use: dict[str, Usage] = {}  # namespace -> held, whatever governs it
         self._governing: dict[str, tuple[str, ...]] = {}  # namespace -> quota names, sorted
+        self._worked_out: set[str] = set()  # namespaces whose quotas were worked out
         self._node_labels: dict[str, Mapping[str, str]] = {}
 
     # -- what governs what ---------------------------------------------------------------
@@ -136,6 +137,7 @@ class Quotas:
             return
         for name in self._governing.pop(namespace, ()):
             self._quotas[name].namespaces.discard(namespace)
+        self._worked_out.discard(namespace)
 
     def knows_namespace(self, namespace: str) -> bool:
         return namespace in self._labels
@@ -151,14 +153,21 @@ class Quotas:
             self._node_labels[node] = dict(labels)
 
     def _known_namespaces(self) -> set[str]:
-        return set(self._labels) | set(self._use) | set(self._governing)
+        return set(self._labels) | set(self._use) | self._worked_out
 
     def _labels_of(self, namespace: str) -> Mapping[str, str]:
         # Before its Namespace is seen, it has at least the label the API server gives all.
         return self._labels.get(namespace) or {NAME_LABEL: namespace}
 
+    def _work_out(self, namespace: str) -> None:
+        """A namespace never seen (its Namespace not read yet) is governed by what its
+        name alone says, from its first claim on."""
+        if namespace not in self._worked_out:
+            self._govern(namespace)
+
     def _govern(self, namespace: str) -> bool:
         """Work out which quotas govern ``namespace``; move its usage if that changed."""
+        self._worked_out.add(namespace)
         labels = self._labels_of(namespace)
         governing = tuple(
             sorted(
@@ -202,8 +211,7 @@ class Quotas:
     def add(self, entry: Entry, sign: int = 1) -> None:
         """An entry the ledger now holds (sign 1) or no longer holds (sign -1)."""
         namespace = namespace_of(entry.id)
-        if namespace not in self._use and namespace not in self._governing:
-            self._govern(namespace)  # not seen yet: governed as its name alone says
+        self._work_out(namespace)
         delta = Usage(entry.ram_mb, entry.vram_mb, 1)
         use = self._use.setdefault(namespace, Usage())
         use.add(delta, sign)
@@ -252,6 +260,7 @@ class Quotas:
         """The expiry ``entry`` lives under: its own, else the shortest its quotas give."""
         if entry.expires_at is not None:
             return entry.expires_at
+        self._work_out(namespace_of(entry.id))
         given = [
             rules.lifetime_given
             for rules in self.governing(namespace_of(entry.id))
@@ -263,6 +272,7 @@ class Quotas:
     def refusal(self, entry: Entry) -> tuple[Reason, str] | None:
         """Why the namespace's quotas refuse ``entry`` now, or None (no change)."""
         namespace = namespace_of(entry.id)
+        self._work_out(namespace)
         governing = self.governing(namespace)
         if not governing:
             if self.deny_unselected:
