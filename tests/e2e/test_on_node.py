@@ -122,8 +122,8 @@ def reaches(cluster: NodeCluster, name: str, phase: str, reason: str) -> None:
     assert (got.get("phase"), got.get("reason")) == (phase, reason), got
 
 
-def admitted(cluster: NodeCluster, name: str) -> dict[str, Any]:
-    got = status(cluster, name)
+def admitted(cluster: NodeCluster, name: str, namespace: str = TEAM) -> dict[str, Any]:
+    got = status(cluster, name, namespace)
     assert got.get("phase") == "Admitted", got
     return got
 
@@ -171,6 +171,51 @@ def test_the_chart_runs_the_operator_in_cluster(cluster: NodeCluster) -> None:
     too_big = allocatable_mib + 1
     cluster.apply([reservation("too-big", cluster.node.name, too_big)])
     eventually(lambda: reaches(cluster, "too-big", "Rejected", "InsufficientRAM"), timeout=30)
+
+
+def test_a_quota_refuses_in_cluster_and_its_status_shows_the_usage(
+    cluster: NodeCluster,
+) -> None:
+    """The operator in its pod, with the chart's RBAC, follows HeadroomQuotas and the
+    Namespaces they select, and writes their status (issue 21)."""
+    tenant = "quota-tenant"
+    quota = {
+        "apiVersion": "headroom.dev/v1alpha1",
+        "kind": "HeadroomQuota",
+        "metadata": {"name": "e2e-tenant"},
+        "spec": {"namespaceSelector": {"matchLabels": {"e2e-quota": "yes"}}, "ramMB": 512},
+    }
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": tenant, "labels": {"e2e-quota": "yes"}},
+    }
+    cluster.apply([namespace, quota])
+    try:
+        first, second = (reservation(n, cluster.node.name, 384) for n in ("q-first", "q-over"))
+        first["metadata"]["namespace"] = second["metadata"]["namespace"] = tenant
+        cluster.apply([first])
+        eventually(lambda: admitted(cluster, "q-first", tenant), timeout=30)
+        cluster.apply([second])
+
+        def refused() -> None:
+            got = status(cluster, "q-over", tenant)
+            assert (got.get("phase"), got.get("reason")) == ("Rejected", "QuotaExceeded"), got
+            said = f"namespace {tenant} (quota e2e-tenant): holds 384 MiB of 512 MiB RAM"
+            assert got["message"].startswith(said), got
+
+        eventually(refused, timeout=30)
+
+        def shown() -> None:
+            got = cluster.get("headroomquotas", "e2e-tenant").get("status") or {}
+            assert (got.get("ramMB"), got.get("remainingRAMMB")) == (384, 128), got
+            columns = cluster.kubectl("get", "hq", "e2e-tenant").split("\n")[0].split()
+            assert columns[:4] == ["NAME", "RAM-USED", "RAM-LIMIT", "VRAM-USED"], columns
+
+        eventually(shown, timeout=30)
+    finally:
+        cluster.kubectl("delete", "headroomquota", "e2e-tenant", "--ignore-not-found")
+        cluster.kubectl("delete", RSV, "--all", "-n", tenant, "--ignore-not-found")
 
 
 def test_a_job_claims_heartbeats_from_its_container_and_releases(cluster: NodeCluster) -> None:
