@@ -291,3 +291,25 @@ def test_summary_has_a_quotas_section_when_any_is_readable(
     (warning,) = out.err.splitlines()
     assert "HeadroomQuotas not readable" in warning
     assert "quotas not shown" in warning
+
+
+def test_a_namespace_under_two_quotas_is_bound_by_both(
+    cluster: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster["headrooms"].append(headroom("n1"))
+    cluster["quotas"] += [
+        quota("team-ml", ramMB=64 * GIB, status=usage(8 * GIB, 0, 1, "ml")),
+        quota("all", selector={}, maxEntries=10, status=usage(8 * GIB, 0, 10, "ml", "web")),
+    ]
+    assert kubectl_main(["fit", "--ram", "1024"]) == 1
+    assert capsys.readouterr().err == (
+        "Error: namespace ml (quota all): holds 10 of 10 entries (spec.maxEntries) "
+        "(1 node has room for 1024 MiB RAM: the quota refuses, not the nodes)\n"
+    )
+    cluster["quotas"][0]["spec"]["ramMB"] = 8 * GIB
+    assert kubectl_main(["fit", "--ram", "1024"]) == 1
+    assert capsys.readouterr().err == (
+        "Error: namespace ml (quota all): holds 10 of 10 entries (spec.maxEntries); "
+        "namespace ml (quota team-ml): holds 8 GiB of 8 GiB RAM; requested 1 GiB "
+        "(1 node has room for 1024 MiB RAM: the quotas refuse, not the nodes)\n"
+    )

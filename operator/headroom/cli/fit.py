@@ -82,10 +82,9 @@ def refused(
     if not fitting:
         return f"{'; '.join(refusals)}; and {nodes}"
     text = placement.size_text(size.ram_mb, size.vram_mb, size.gpus)
-    return (
-        f"{'; '.join(refusals)} ({fitting} node{'s' if fitting > 1 else ''} "
-        f"{'have' if fitting > 1 else 'has'} room for {text}: the quota refuses, not the nodes)"
-    )
+    nodes_have = f"{fitting} nodes have" if fitting > 1 else "1 node has"
+    quota = "the quota refuses" if len(refusals) == 1 else "the quotas refuse"
+    return f"{'; '.join(refusals)} ({nodes_have} room for {text}: {quota}, not the nodes)"
 
 
 def command(args: argparse.Namespace) -> int:

@@ -150,7 +150,8 @@ def governs(quota: Quota, namespace: str) -> bool:
 
 
 def governing(quotas: Iterable[Quota], namespace: str) -> list[Quota]:
-    return [quota for quota in quotas if governs(quota, namespace)]
+    """The quotas that govern ``namespace``, by name (the order they are reported in)."""
+    return sorted((q for q in quotas if governs(q, namespace)), key=lambda q: q.name)
 
 
 def refusal(quota: Quota, namespace: str, ram_mb: int, vram_mb: int) -> str | None:
