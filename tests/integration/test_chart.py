@@ -83,11 +83,14 @@ def test_default_render() -> None:
             "ClusterRole/headroom-edit",
             "ClusterRole/headroom-nodeheadroom-reader",
             "ClusterRole/headroom-operator",
+            "ClusterRole/headroom-quota-admin",
+            "ClusterRole/headroom-quota-reader",
             "ClusterRole/headroom-view",
             "ClusterRoleBinding/headroom-operator",
             "ConfigMap/headroom-config",
             "Role/headroom-decision-key",
             "RoleBinding/headroom-decision-key",
+            "CustomResourceDefinition/headroomquotas.headroom.dev",
             "CustomResourceDefinition/nodeheadrooms.headroom.dev",
             "CustomResourceDefinition/reservations.headroom.dev",
             "Deployment/headroom",
@@ -245,6 +248,103 @@ def test_webhook_render() -> None:
     assert configuration["webhooks"][0]["timeoutSeconds"] == 2
 
 
+def test_the_operator_role_reads_quotas_and_namespaces_and_writes_quota_status() -> None:
+    (role,) = [
+        d
+        for d in render()
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "headroom-operator"
+    ]
+    rules = role["rules"]
+    for rule in (
+        {
+            "apiGroups": ["headroom.dev"],
+            "resources": ["headroomquotas"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {"apiGroups": ["headroom.dev"], "resources": ["headroomquotas/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ):
+        assert rule in rules, rule
+    # Quotas are only read: no rule lets the operator write a quota's spec.
+    writes = {"create", "update", "patch", "delete", "deletecollection"}
+    for rule in rules:
+        if "headroomquotas" in rule["resources"] or "namespaces" in rule["resources"]:
+            assert not writes & set(rule["verbs"]), rule
+
+
+AGGREGATE = {
+    "rbac.authorization.k8s.io/aggregate-to-edit": "true",
+    "rbac.authorization.k8s.io/aggregate-to-admin": "true",
+}
+
+
+def _edit_role(*values: str) -> dict[str, Any]:
+    (role,) = [d for d in render(*values) if d["metadata"]["name"] == "headroom-edit"]
+    return role
+
+
+def test_aggregation_into_edit_and_admin_is_a_value_on_by_default() -> None:
+    on = _edit_role()["metadata"]["labels"]
+    assert on.items() >= AGGREGATE.items()
+    assert _edit_role("rbac.aggregateToEditRoles=true")["metadata"]["labels"] == on
+    off = _edit_role("rbac.aggregateToEditRoles=false")
+    assert not [key for key in off["metadata"]["labels"] if key.startswith("rbac.")]
+    assert off["rules"] == _edit_role()["rules"]  # only the aggregation goes
+    # headroom-view stays aggregated into view: the value is about write rights.
+    (view,) = [
+        d
+        for d in render("rbac.aggregateToEditRoles=false")
+        if d["metadata"]["name"] == "headroom-view"
+    ]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+
+
+QUOTA_VERBS = ["create", "update", "patch", "delete", "deletecollection", "get", "list", "watch"]
+
+
+@pytest.mark.parametrize(
+    ("value", "role", "verbs"),
+    [
+        ("quotaAdmins", "headroom-quota-admin", QUOTA_VERBS),
+        ("quotaReaders", "headroom-quota-reader", ["get", "list", "watch"]),
+    ],
+)
+def test_the_quota_roles_and_their_bindings(value: str, role: str, verbs: list[str]) -> None:
+    subjects = {
+        "groups": ["platform"],
+        "users": ["alice"],
+        "serviceAccounts": [{"namespace": "ml", "name": "sync"}],
+    }
+    docs = render(f"{value}={json.dumps(subjects)}")
+    (cluster_role,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == role
+    ]
+    # Never the status: only the operator writes what a quota's namespaces hold.
+    assert cluster_role["rules"] == [
+        {"apiGroups": ["headroom.dev"], "resources": ["headroomquotas"], "verbs": verbs}
+    ]
+    assert not any(k.startswith("rbac.") for k in cluster_role["metadata"]["labels"])
+    (binding,) = [
+        d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == role
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role,
+    }
+    assert binding["subjects"] == [
+        {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "platform"},
+        {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "alice"},
+        {"kind": "ServiceAccount", "name": "sync", "namespace": "ml"},
+    ]
+    by_default = {f"{d['kind']}/{d['metadata']['name']}" for d in render()}
+    assert f"ClusterRole/{role}" in by_default
+    assert f"ClusterRoleBinding/{role}" not in by_default  # no subjects, no binding
+    without_rbac = render("rbac.create=false", f"{value}={json.dumps(subjects)}")
+    assert not [d for d in without_rbac if d["metadata"]["name"] == role]
+
+
 @pytest.mark.parametrize(
     ("value", "complaint"),
     [
@@ -264,6 +364,11 @@ def test_webhook_render() -> None:
         ("nodeHeadroomReaders.serviceAccounts[0].name=placer", "missing property 'namespace'"),
         ("nodeHeadroomReaders.serviceAccounts[0].namespace=ML", "/serviceAccounts/0/namespace"),
         ("nodeHeadroomReaders.teams[0]=ml", "'teams' not allowed"),
+        ("quotaReaders.groups=ml-team", "/quotaReaders/groups"),
+        ("quotaReaders.serviceAccounts[0].name=placer", "missing property 'namespace'"),
+        ("quotaAdmins.users[0]=", "/quotaAdmins/users/0"),
+        ("quotaAdmins.roles[0]=x", "'roles' not allowed"),
+        ("rbac.aggregateToEditRoles=maybe", "aggregateToEditRoles"),
         ("webhook.failurePolicy=Sometimes", "failurePolicy"),
         ("webhook.timeoutSeconds=60", "timeoutSeconds"),
         ("webhook.tls=true", "'tls' not allowed"),
@@ -300,6 +405,8 @@ def test_rendered_manifests_apply_cleanly(installed: None, kubectl: Kubectl) -> 
         "headroom-edit",
         "headroom-view",
         "headroom-nodeheadroom-reader",
+        "headroom-quota-admin",
+        "headroom-quota-reader",
     ):
         assert f"clusterrole.rbac.authorization.k8s.io/{role}" in roles
 

@@ -135,11 +135,14 @@ def test_a_tenant_reads_what_it_may_and_says_what_it_may_not(
     summary = cli("summary", "-o", "json", kubeconfig=tenant)
     assert summary.returncode == 0, summary.stderr
     warnings = summary.stderr.splitlines()
-    assert len(warnings) == 2, summary.stderr
+    assert len(warnings) == 3, summary.stderr
     assert "NodeHeadrooms not readable" in warnings[0]
     assert READER in warnings[0]
     assert f'counting namespace "{namespace}" only' in warnings[1]
+    assert "HeadroomQuotas not readable" in warnings[2]  # no quotaReaders binding either
+    assert "headroom-quota-reader" in warnings[2]
     data = json.loads(summary.stdout)
+    assert data["quotas"] is None
     assert data["scope"] == "namespace"
     assert data["nodes"] is None
     assert (data["activeEntries"], data["totalReservedMB"]) == (2, 6144 + 1024)
@@ -184,7 +187,10 @@ def test_a_tenant_reads_what_it_may_and_says_what_it_may_not(
     eventually(lambda: nodes_shown(placer))
     summary = cli("summary", "-o", "json", kubeconfig=tenant)
     assert summary.returncode == 0, summary.stderr
-    assert len(summary.stderr.splitlines()) == 1  # reservations: still its namespace only
+    warnings = summary.stderr.splitlines()
+    assert len(warnings) == 2, summary.stderr
+    assert "counting namespace" in warnings[0]  # reservations: still its namespace only
+    assert "HeadroomQuotas not readable" in warnings[1]  # quotas: still not bound
     data = json.loads(summary.stdout)
     assert data["nodes"] >= 1
     assert data["withoutNodeHeadroom"]["entries"] == 0

@@ -104,6 +104,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     monkeypatch.setattr(readers, "connect", lambda *args: CONN)
     monkeypatch.setattr(calls, "node_headrooms", lambda conn, selector=None: headrooms)
     monkeypatch.setattr(readers, "node_headrooms", lambda conn: headrooms)
+    monkeypatch.setattr(readers, "quotas", lambda conn: [])  # fit reads them too; none here
     return headrooms
 
 

@@ -26,3 +26,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "headroom.serviceAccountName" -}}
 {{- default (include "headroom.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
+
+{{/* The subjects of a ClusterRoleBinding from a value {groups, users, serviceAccounts}. */}}
+{{- define "headroom.subjects" -}}
+{{- range .groups }}
+- kind: Group
+  apiGroup: rbac.authorization.k8s.io
+  name: {{ . | quote }}
+{{- end }}
+{{- range .users }}
+- kind: User
+  apiGroup: rbac.authorization.k8s.io
+  name: {{ . | quote }}
+{{- end }}
+{{- range .serviceAccounts }}
+- kind: ServiceAccount
+  name: {{ .name | quote }}
+  namespace: {{ .namespace | quote }}
+{{- end }}
+{{- end -}}

@@ -1,9 +1,9 @@
 """Command line: ``headroom run`` starts the operator; the other subcommands, also
 installed as the kubectl plugin ``kubectl-headroom``, read and write headroom.
 
-Exit codes: 0 done; 1 refused (rejected or reclaimed; fit: no node fits); 2 bad
-argument, nothing sent; 3 no decision within --timeout; 4 the cluster unreachable or
-refusing. hold: these before the command starts, then the command's own code."""
+Exit codes: 0 done; 1 refused (rejected or reclaimed; fit: no node fits, or a quota
+refuses); 2 bad argument, nothing sent; 3 no decision within --timeout; 4 the cluster
+unreachable or refusing. hold: these before the command starts, then the command's own code."""
 
 from __future__ import annotations
 

@@ -12,19 +12,24 @@ claim of ``--vram V --gpus N`` needs N devices with ``ceil(V / N)`` MiB free eac
 not fit on two 80 GiB GPUs, and the refusal says so with each device's free MiB.
 When some listed node has devices, the table has a FREE-DEVICE column: the most MiB
 free on one device (``unlimited`` under a VRAM overcommit ratio of 0).
+
+The HeadroomQuotas that govern the namespace (``-n``, else the context's) count too
+(``headroom.cli.quotas``): a node outside a quota's ``nodeSelector`` is not listed, and
+when a quota has too little room left for the claim on any node, ``fit`` says that the
+quota, not the nodes, refuses, in the operator's words, and exits 1 as when no node fits.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from headroom.cli import arguments, readers
+from headroom.cli import arguments, quotas, readers
 from headroom.cli.exits import CommandError, Exit, UsageError
 from headroom.cli.output import emit, table
 from headroom.client import placement
 from headroom.client.errors import InvalidClaimError, PlacementError
 from headroom.client.placement import NodeRoom
-from headroom.client.spec import request
+from headroom.client.spec import ClaimRequest, request
 
 ORDER = (
     "Best first: most allocatable RAM, then most free VRAM (nodes whose VRAM capacity "
@@ -43,7 +48,9 @@ def add(parser: argparse.ArgumentParser) -> None:
         "List the nodes where a claim of this size fits now (capacity known, under the "
         "entry cap, allocatable RAM and, where known, free VRAM enough; where the node "
         "lists its GPU devices, --gpus of them with the share free), from the "
-        f"NodeHeadrooms. {ORDER} Exit 1 when none fits."
+        f"NodeHeadrooms. {ORDER} Nodes outside the nodeSelector of a HeadroomQuota that "
+        "governs the namespace are left out. Exit 1 when none fits, or when such a quota "
+        "has too little room left (it is named, with the numbers)."
     )
     parser.add_argument("--ram", required=True, help="MiB")
     parser.add_argument("--vram", default="0", help="MiB (default 0)")
@@ -64,6 +71,22 @@ def free_device(room: NodeRoom) -> str:
     return "unlimited" if mib is None else str(mib)
 
 
+def refused(
+    refusals: list[str], rooms: list[NodeRoom], size: ClaimRequest, selector: str | None
+) -> str:
+    """Why nothing fits: the quotas that refuse on every node, then the nodes."""
+    nodes = placement.no_room(rooms, size.ram_mb, size.vram_mb, selector, size.gpus)
+    if not refusals:
+        return nodes
+    fitting = sum(room.fits for room in rooms)
+    if not fitting:
+        return f"{'; '.join(refusals)}; and {nodes}"
+    text = placement.size_text(size.ram_mb, size.vram_mb, size.gpus)
+    nodes_have = f"{fitting} nodes have" if fitting > 1 else "1 node has"
+    quota = "the quota refuses" if len(refusals) == 1 else "the quotas refuse"
+    return f"{'; '.join(refusals)} ({nodes_have} room for {text}: {quota}, not the nodes)"
+
+
 def command(args: argparse.Namespace) -> int:
     try:
         size = request(
@@ -77,15 +100,22 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     cluster = readers.connect(args.kubeconfig, args.context, args.namespace)
     try:
-        rooms = placement.read(cluster, size.ram_mb, size.vram_mb, args.selector, size.gpus)
+        headrooms = placement.node_headrooms(cluster, args.selector)
     except PlacementError as error:
         raise CommandError(Exit.UNREACHABLE, str(error)) from None
+    rooms = placement.rank(headrooms, size.ram_mb, size.vram_mb, size.gpus)
+    namespace = cluster.namespace
+    governing = quotas.governing(quotas.read(cluster, "quotas not checked") or [], namespace)
+    labels = {h["metadata"]["name"]: h["metadata"].get("labels") or {} for h in headrooms}
+    rooms = [quotas.within(r, governing, namespace, labels.get(r.node, {})) for r in rooms]
     fitting = [room for room in rooms if room.fits]
-    if not fitting:
-        raise CommandError(
-            Exit.REFUSED,
-            placement.no_room(rooms, size.ram_mb, size.vram_mb, args.selector, size.gpus),
-        )
+    refusals = [
+        why
+        for quota in governing
+        if (why := quotas.refusal(quota, namespace, size.ram_mb, size.vram_mb)) is not None
+    ]
+    if refusals or not fitting:
+        raise CommandError(Exit.REFUSED, refused(refusals, rooms, size, args.selector))
     devices = any(room.has_devices for room in fitting)
     rows = [
         [

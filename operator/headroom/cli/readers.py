@@ -20,6 +20,7 @@ from headroom.client.connection import connect as client_connect
 JSON = dict[str, Any]
 #: A connection plus the namespace kubectl would use (the claim library's).
 Cluster = Connection
+QUOTAS = "headroomquotas"
 
 
 def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Cluster:
@@ -30,6 +31,14 @@ def connect(kubeconfig: str | None, context: str | None, namespace: str | None) 
 
 def node_headrooms(cluster: Cluster) -> list[JSON]:
     return calls.node_headrooms(cluster)
+
+
+def quotas(cluster: Cluster) -> list[JSON]:
+    """Every HeadroomQuota (cluster-scoped), by name."""
+    listed = cluster.custom.list_cluster_custom_object(
+        GROUP, VERSION, QUOTAS, _request_timeout=REQUEST_TIMEOUT
+    )
+    return sorted(cast(JSON, listed)["items"], key=lambda o: str(o["metadata"]["name"]))
 
 
 def reservations(cluster: Cluster, namespace: str | None) -> list[JSON]:

@@ -7,6 +7,11 @@ stay Admitted and held, and summing the two sources side by side once showed
 is reported on its own line. A tenant bound in one namespace cannot list
 reservations cluster-wide nor read the cluster-scoped NodeHeadrooms, so each part
 falls back to what is readable and says so on stderr.
+
+When HeadroomQuotas are readable, a QUOTAS table follows (``quotas`` in JSON): each
+quota's RAM and VRAM held of its limit, Admitted entries of its cap, claims Queued on
+it, and whether it holds more than it allows (lowered under what is held). Figures
+from the quota's status, as the operator last wrote it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from headroom.cli import readers
+from headroom.cli import quotas, readers
 from headroom.cli.exits import CommandError, Exit, describe_api_error, is_forbidden
 from headroom.cli.output import emit, table
 from headroom.client.placement import NODEHEADROOM_GRANT
@@ -125,10 +130,15 @@ def command(args: argparse.Namespace) -> int:
             warnings.append(f"reservations not readable ({describe_api_error(inner)})")
     if headrooms is None and reservations is None:
         raise CommandError(Exit.UNREACHABLE, "; ".join(warnings))
+    readable = quotas.read(cluster, "quotas not shown", warnings.append)
     data = {"scope": scope, **summarize(headrooms, reservations)}
     if scope == "namespace":
         data["namespace"] = cluster.namespace
+    data["quotas"] = None if readable is None else [quota.as_json() for quota in readable]
     for warning in warnings:
         print(f"Warning: {warning}", file=sys.stderr)
-    emit(data, table(["FIELD", "VALUE"], rows(data)), args.output)
+    text = table(["FIELD", "VALUE"], rows(data))
+    if readable:
+        text += "\n\n" + table(quotas.HEADERS, quotas.rows(readable))
+    emit(data, text, args.output)
     return Exit.DONE

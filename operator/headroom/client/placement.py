@@ -206,15 +206,22 @@ def read(
 
     Raises :class:`PlacementError` when the caller may not list NodeHeadrooms.
     """
+    return rank(node_headrooms(conn, selector), ram_mb, vram_mb, gpus)
+
+
+def node_headrooms(conn: Connection, selector: str | None = None) -> list[JSON]:
+    """The NodeHeadrooms of the nodes matching ``selector`` (with their Node's labels).
+
+    Raises :class:`PlacementError` when the caller may not list them.
+    """
     try:
-        headrooms = calls.node_headrooms(conn, selector)
+        return calls.node_headrooms(conn, selector)
     except ApiException as error:
         if error.status != 403:
             raise
         raise PlacementError(
             f"cannot list NodeHeadrooms: {api_message(error)}. {NODEHEADROOM_GRANT}"
         ) from None
-    return rank(headrooms, ram_mb, vram_mb, gpus)
 
 
 def candidates(rooms: list[NodeRoom], *, may_wait: bool, most: int) -> list[NodeRoom]:
