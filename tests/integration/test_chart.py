@@ -525,7 +525,10 @@ def test_the_webhook_certificate_works_with_only_the_charts_rbac(
         published()
 
 
-@pytest.mark.parametrize("resource", ["reservations/status", "reservations", "resourceslices"])
+@pytest.mark.parametrize(
+    "resource",
+    ["reservations/status", "reservations", "resourceslices", "headroomquotas", "namespaces"],
+)
 def test_a_rule_is_necessary(
     installed: None,
     control_plane: ControlPlane,
