@@ -3,7 +3,8 @@
 Starts kube-apiserver + etcd, installs the CRDs, creates nodes of different
 sizes, runs the operator and applies a demo: reservations that fit, one that is
 rejected with its numbers, one whose owner never heartbeats (reclaimed as
-HeartbeatStale), one that expires, and one kept alive by heartbeats. It prints
+HeartbeatStale), one that expires, one kept alive by heartbeats, and one over
+the demo namespace's HeadroomQuota. It prints
 the lines to paste into another shell to watch it with ``kubectl``, and stays up
 until Ctrl-C. ``--once`` runs the demo to its end, checks every outcome, and
 exits 0, which is how the test suite proves the newcomer path works.
@@ -48,6 +49,18 @@ EXPECTED = {
     "too-big": ("Rejected", "InsufficientRAM"),
     "forgotten": ("Reclaimed", "HeartbeatStale"),
     "short-lived": ("Reclaimed", "Expired"),
+    "over-quota": ("Rejected", "QuotaExceeded"),
+}
+#: The demo namespace's HeadroomQuota: 48 GiB of RAM, of which the others hold 34.
+QUOTA = {
+    "apiVersion": "headroom.dev/v1alpha1",
+    "kind": "HeadroomQuota",
+    "metadata": {"name": "demo-team"},
+    "spec": {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+        "ramMB": 49152,
+        "description": "the demo namespace may hold 48 GiB of RAM in all",
+    },
 }
 
 #: Reservations whose owner is alive; "short-lived" too, so that it ends by expiry,
@@ -73,6 +86,9 @@ def apply_demo(custom: client.CustomObjectsApi, expiry: timedelta) -> None:
         rsv.reservation("forgotten", "gpu-large", 16384, description="owner never heartbeats"),
         rsv.reservation("short-lived", "gpu-large", 4096, expiresAt=expires),
         rsv.reservation("heartbeating", "gpu-medium", 2048, description="kept alive by make dev"),
+        rsv.reservation(
+            "over-quota", "gpu-large", 16384, description="fits the node, not the quota (48 GiB)"
+        ),
     ]
     for body in demo:
         if body["metadata"]["name"] in HEARTBEATING:
@@ -127,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, memory, labels in DEMO_NODES:
             create_node(core, name, memory=memory, labels=labels)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+        custom.create_cluster_custom_object("headroom.dev", "v1alpha1", "headroomquotas", QUOTA)
         operator = OperatorProcess(
             kubeconfig,
             workdir,
@@ -146,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             _say("\nIn another shell:\n")
             _say(f"  export KUBECONFIG={kubeconfig}")
             _say(f"  export PATH={bin_dir()}:$PATH")
-            _say("  kubectl get rsv,nodeheadrooms -A -w\n")
+            _say("  kubectl get rsv,nodeheadrooms,headroomquotas -A -w\n")
             apply_demo(custom, expiry)
             _say(
                 f"demo applied in namespace {NAMESPACE}: 'forgotten' goes stale after "
