@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
+from functools import partial
 
 from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
@@ -154,7 +155,9 @@ class Ledger:
         quota or a namespace's labels changed: those waiting for a quota it shares."""
         if not self.waiting.any_for_quota:
             return set()
-        return self.waiting.for_quota(None if namespace is None else self.quotas.sharing(namespace))
+        if namespace is None:
+            return self.waiting.for_quota()
+        return self.waiting.for_quota(partial(self.quotas.share, namespace))
 
     def knows(self, node: str) -> bool:
         """Whether the node's capacity is known, so that admission can be decided on it."""
@@ -206,8 +209,8 @@ class Ledger:
         """
         for_room = for_quota = 0
         if strict:
-            sharing = self.quotas.sharing(namespace_of(entry.id))
-            for_room, for_quota = self.waiting.ahead_of(entry, sharing)
+            shares = partial(self.quotas.share, namespace_of(entry.id))
+            for_room, for_quota = self.waiting.ahead_of(entry, shares)
         ahead = for_room + for_quota
         if ahead and entry.id not in self._entries:
             refusal: tuple[Reason, str] | None = (
@@ -289,10 +292,11 @@ class Ledger:
         admitted: list[Decision] = []
         for node in sorted(set(nodes)):
             oldest_undecided = (undecided or {}).get(node)
-            held_back: set[str] = set()  # namespaces behind one waiting for their quota
+            held_back: list[str] = []  # namespaces whose quota's head waits on this node
             for waiting in self.waiting.on(node):
                 entry = waiting.entry
-                if namespace_of(entry.id) in held_back:
+                namespace = namespace_of(entry.id)
+                if any(self.quotas.share(namespace, head) for head in held_back):
                     # Behind the head of its own quota: it waits for that quota too.
                     self.waiting.still_refused(entry.id, for_quota=True)
                     continue
@@ -309,7 +313,7 @@ class Ledger:
                 if not waiting.for_quota:
                     break  # the oldest blocks the ones behind it
                 # ... of its own quotas only: other tenants do not wait for that quota.
-                held_back |= self.quotas.sharing(namespace_of(entry.id))
+                held_back.append(namespace)
         return admitted
 
     def wait_over(self, now: datetime) -> list[Decision]:

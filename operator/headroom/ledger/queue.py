@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -96,17 +97,17 @@ class WaitQueues:
     def get(self, entry_id: str) -> Waiting | None:
         return self._by_id.get(entry_id)
 
-    def ahead_of(self, entry: Entry, sharing: set[str]) -> tuple[int, int]:
+    def ahead_of(self, entry: Entry, shares: Callable[[str], bool]) -> tuple[int, int]:
         """How many wait on ``entry``'s node, created before it (creation key), for room
-        on the node; and how many for a quota of the namespaces ``sharing`` (those of its
-        own quotas). Another tenant waiting for its own quota waits for something else."""
+        on the node; and how many for a quota of a namespace that ``shares`` one with it.
+        Another tenant waiting for its own quota waits for something else."""
         queue = self._queues.get(entry.node, [])
         before = bisect.bisect_left(queue, (entry.created_at, entry.id), key=lambda w: w.key)
         for_room = for_quota = 0
         for waiting in queue[:before]:
             if not waiting.for_quota:
                 for_room += 1
-            elif waiting.entry_id.split("/", 1)[0] in sharing:
+            elif shares(waiting.entry_id.split("/", 1)[0]):
                 for_quota += 1
         return for_room, for_quota
 
@@ -114,12 +115,13 @@ class WaitQueues:
     def any_for_quota(self) -> bool:
         return bool(self._for_quota)
 
-    def for_quota(self, namespaces: set[str] | None = None) -> set[str]:
-        """Nodes where someone waits for a quota (of one of ``namespaces``; None: any)."""
+    def for_quota(self, shares: Callable[[str], bool] | None = None) -> set[str]:
+        """Nodes where someone waits for a quota (of a namespace that ``shares``; None:
+        any)."""
         return {
             waiting.entry.node
             for waiting in self._for_quota.values()
-            if namespaces is None or waiting.entry_id.split("/", 1)[0] in namespaces
+            if shares is None or shares(waiting.entry_id.split("/", 1)[0])
         }
 
     def still_refused(self, entry_id: str, *, for_quota: bool) -> None:

@@ -199,12 +199,13 @@ class Quotas:
     def governing(self, namespace: str) -> list[QuotaRules]:
         return [self._quotas[name].rules for name in self._governing.get(namespace, ())]
 
-    def sharing(self, namespace: str) -> set[str]:
-        """The namespaces that share a quota with ``namespace`` (itself included)."""
-        shared = {namespace}
-        for name in self._governing.get(namespace, ()):
-            shared |= self._quotas[name].namespaces
-        return shared
+    def share(self, namespace: str, other: str) -> bool:
+        """Whether two namespaces are one, or share a quota (cost: their quotas, not the
+        quotas' namespaces, which may be thousands)."""
+        if namespace == other:
+            return True
+        mine = self._governing.get(namespace, ())
+        return bool(mine) and any(name in mine for name in self._governing.get(other, ()))
 
     # -- usage ---------------------------------------------------------------------------
 

@@ -284,9 +284,9 @@ class Checker:
         if controller is None:
             return
         created = (obj["metadata"].get("creationTimestamp") or "", key)
-        sharing = controller.state.ledger.quotas.sharing(key[0])
+        quotas = controller.state.ledger.quotas
         for waiting in controller.state.ledger.waiting.on(obj["spec"]["node"]):
-            if waiting.for_quota and waiting.entry_id.split("/", 1)[0] not in sharing:
+            if waiting.for_quota and not quotas.share(key[0], waiting.entry_id.split("/")[0]):
                 continue  # another tenant's, waiting for its own quota
             ahead = waiting.entry.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")
             if (ahead, tuple(waiting.entry.id.split("/", 1))) < created:
