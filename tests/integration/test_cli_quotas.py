@@ -2,9 +2,8 @@
 the quota, not the node, named as what refuses; a node outside a quota's nodeSelector
 left out; a tenant who may not read quotas warned once, and served all the same.
 
-The quota's status is written here as the operator writes it (what the governed
-namespaces hold): these tests are about what the command line reads and says, not
-about the operator's accounting.
+What the governed namespace holds is held by real reservations on a node the
+commands are not asked about, and the quota's status is the operator's.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import pytest
 from kubernetes import client
 
 from headroom.api.constants import GROUP, VERSION
+from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.operator import OperatorProcess
 from tests.integration.cli_checks import Cli, assert_one_line_error
@@ -40,7 +40,8 @@ def pools(
     tag = f"q-{uuid.uuid4().hex[:6]}"
     for pool in ("gpu", "cpu"):
         make_node(f"{tag}-{pool}", memory="17Gi", labels={"quota-test": tag, "pool": pool})
-    run_operator()
+    make_node(f"{tag}-big", memory="129Gi")  # where what the quotas hold is held
+    run_operator({"summaryInterval": "200ms"})
 
     def published() -> None:
         for pool in ("gpu", "cpu"):
@@ -51,9 +52,12 @@ def pools(
 
 
 @pytest.fixture
-def quotas(custom: client.CustomObjectsApi, crds: list[str]) -> Iterator[Callable[..., str]]:
-    """``quota(namespace, held_mb, **spec)``: a HeadroomQuota governing ``namespace``, its
-    status saying that the namespace holds ``held_mb`` of RAM; deleted after the test."""
+def quotas(
+    custom: client.CustomObjectsApi, crds: list[str], pools: str
+) -> Iterator[Callable[..., str]]:
+    """``quota(namespace, held_mb, **spec)``: a HeadroomQuota governing ``namespace``, in
+    which a reservation on ``<tag>-big`` holds ``held_mb`` of RAM, once the operator's
+    status of the quota says so; deleted after the test."""
     created: list[str] = []
 
     def make(namespace: str, held_mb: int = 0, **spec: Any) -> str:
@@ -69,16 +73,17 @@ def quotas(custom: client.CustomObjectsApi, crds: list[str]) -> Iterator[Callabl
         }
         custom.create_cluster_custom_object(GROUP, VERSION, QUOTAS, body)
         created.append(name)
-        held = {"namespace": namespace, "ramMB": held_mb, "vramMB": 0, "entries": 1}
-        status = {
-            "ramMB": held_mb,
-            "vramMB": 0,
-            "entries": 1,
-            "queued": 1,
-            "namespaceCount": 1,
-            "namespaces": [held],
-        }
-        custom.patch_cluster_custom_object_status(GROUP, VERSION, QUOTAS, name, {"status": status})
+        if held_mb:
+            rsv.create(custom, namespace, f"held-{name}", f"{pools}-big", held_mb)
+            assert rsv.wait_for(custom, namespace, f"held-{name}")["status"]["phase"] == (
+                "Admitted"
+            )
+
+        def counted() -> None:
+            status = custom.get_cluster_custom_object(GROUP, VERSION, QUOTAS, name).get("status")
+            assert (status or {}).get("ramMB") == held_mb, status
+
+        eventually(counted)
         return name
 
     yield make
@@ -87,11 +92,25 @@ def quotas(custom: client.CustomObjectsApi, crds: list[str]) -> Iterator[Callabl
 
 
 def test_fit_names_the_quota_that_refuses_and_summary_lists_it(
-    cli: Cli, pools: str, quotas: Callable[..., str], namespace: str
+    cli: Cli,
+    pools: str,
+    quotas: Callable[..., str],
+    namespace: str,
+    custom: client.CustomObjectsApi,
 ) -> None:
     selector = f"quota-test={pools}"
     assert cli("fit", "--ram", "16384", "-l", selector).returncode == 0  # the nodes have room
     name = quotas(namespace, 56 * 1024, ramMB=64 * 1024)
+    rsv.create(custom, namespace, "waits", f"{pools}-big", 16384, wait="10m")
+    assert rsv.wait_for(custom, namespace, "waits", ("Queued",))["status"]["reason"] == (
+        "QuotaExceeded"
+    )
+
+    def queued() -> None:
+        status = custom.get_cluster_custom_object(GROUP, VERSION, QUOTAS, name)["status"]
+        assert status.get("queued") == 1, status
+
+    eventually(queued)
     refused = cli("fit", "--ram", "16384", "-l", selector)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert_one_line_error(

@@ -93,8 +93,12 @@ def apply(kubectl: Kubectl, namespace: str, body: dict[str, Any]) -> CompletedPr
     return kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
 
 
-def test_both_crds_are_established(crds: list[str]) -> None:
-    assert sorted(crds) == ["nodeheadrooms.headroom.dev", "reservations.headroom.dev"]
+def test_every_crd_is_established(crds: list[str]) -> None:
+    assert sorted(crds) == [
+        "headroomquotas.headroom.dev",
+        "nodeheadrooms.headroom.dev",
+        "reservations.headroom.dev",
+    ]
 
 
 def test_valid_examples_are_accepted(crds: list[str], kubectl: Kubectl, namespace: str) -> None:
