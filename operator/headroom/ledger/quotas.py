@@ -180,7 +180,9 @@ class Quotas:
         use = self._use.get(namespace)
         for name in before:
             quota = self._quotas.get(name)
-            if quota is not None and name not in governing:
+            # A quota replaced by set_quota starts with no namespaces: it never counted
+            # this one, so there is nothing to take back from it.
+            if quota is not None and name not in governing and namespace in quota.namespaces:
                 quota.namespaces.discard(namespace)
                 if use is not None:
                     quota.used.add(use, -1)

@@ -1,0 +1,85 @@
+"""Quotas per tenant (HeadroomQuota) in the pure ledger, case by case.
+
+The property tests (test_quota_properties.py) explore the histories; these pin
+the refusals, their words and numbers, and the changes a quota goes through.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from headroom.api.limits import Limits
+from headroom.api.reasons import Reason
+from headroom.api.selectors import LabelSelector, LabelSelectorRequirement
+from headroom.ledger import Entry, Ledger, Owner
+from headroom.ledger.quotas import QuotaRules
+
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+LATER = T0 + timedelta(minutes=10)
+GIB = 1024
+
+
+def entry(
+    entry_id: str,
+    ram: int,
+    *,
+    node: str = "n1",
+    vram: int = 0,
+    at: datetime = T0,
+    expires: datetime | None = None,
+    wait_until: datetime | None = None,
+) -> Entry:
+    return Entry(
+        id=entry_id,
+        node=node,
+        ram_mb=ram,
+        vram_mb=vram,
+        created_at=at,
+        last_heartbeat=at,
+        expires_at=expires,
+        owner=Owner(),
+        wait_until=wait_until,
+    )
+
+
+def team(*names: str) -> LabelSelector:
+    """Namespaces whose label team is one of ``names``."""
+    return LabelSelector(
+        match_expressions=[LabelSelectorRequirement(key="team", operator="In", values=list(names))]
+    )
+
+
+def ledger(*, nodes: int = 2, total: int = 512 * GIB, vram: int | None = 80 * GIB) -> Ledger:
+    """Nodes n1..nN with room to spare (the quota, not the node, is what refuses), and
+    namespaces ml, ml-dev (team ml), web (team web) and loose (no team)."""
+    book = Ledger(Limits(heartbeat_stale_window=timedelta(minutes=5)))
+    for number in range(1, nodes + 1):
+        book.set_node_capacity(f"n{number}", total, vram)
+        book.set_node_labels(f"n{number}", {"pool": "gpu" if number == 1 else "cpu"})
+    for namespace, labels in (
+        ("ml", {"team": "ml"}),
+        ("ml-dev", {"team": "ml"}),
+        ("web", {"team": "web"}),
+        ("loose", {}),
+    ):
+        book.quotas.set_namespace(namespace, labels)
+    return book
+
+
+# -- bugs found in review ---------------------------------------------------------------
+
+
+def test_a_quota_changed_to_select_other_namespaces_does_not_carry_negative_usage() -> None:
+    """set_quota used to subtract what a namespace held from the *new* quota's usage when
+    the new selector no longer picked it, though the new quota never counted it: the
+    quota then believed its namespaces held less than nothing and let them over."""
+    book = ledger()
+    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB))
+    assert book.reserve(entry("ml/a", 40 * GIB), T0).admitted
+    book.quotas.set_quota(QuotaRules("q", team("web"), ram_mb=64 * GIB))
+    assert book.quotas.namespaces_of("q") == ["web"]
+    assert book.quotas.used("q").ram_mb == 0
+    assert book.reserve(entry("web/a", 60 * GIB), T0).admitted
+    refused = book.reserve(entry("web/b", 8 * GIB), T0)
+    assert refused.reason == Reason.QUOTA_EXCEEDED
+    assert "holds 60 GiB of 64 GiB RAM; requested 8 GiB" in refused.message
