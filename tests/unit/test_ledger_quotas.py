@@ -83,3 +83,18 @@ def test_a_quota_changed_to_select_other_namespaces_does_not_carry_negative_usag
     refused = book.reserve(entry("web/b", 8 * GIB), T0)
     assert refused.reason == Reason.QUOTA_EXCEEDED
     assert "holds 60 GiB of 64 GiB RAM; requested 8 GiB" in refused.message
+
+
+def test_a_quota_over_on_one_dimension_admits_nothing_new_on_the_other() -> None:
+    """A quota lowered under what is held admits nothing new until usage falls below it:
+    a claim asking only for VRAM used to pass while the namespace was over on RAM."""
+    book = ledger()
+    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB, vram_mb=40 * GIB))
+    assert book.reserve(entry("ml/a", 48 * GIB), T0).admitted
+    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=32 * GIB, vram_mb=40 * GIB))
+    assert book.quotas.over("q")
+    refused = book.reserve(entry("ml/gpu", 0, vram=8 * GIB), T0)
+    assert (refused.admitted, refused.reason) == (False, Reason.QUOTA_EXCEEDED)
+    assert "holds 48 GiB of 32 GiB RAM" in refused.message
+    book.release("ml/a")
+    assert book.reserve(entry("ml/gpu", 0, vram=8 * GIB), T0).admitted

@@ -323,7 +323,8 @@ class Quotas:
             (rules.ram_mb, used.ram_mb, entry.ram_mb, "RAM"),
             (rules.vram_mb, used.vram_mb, entry.vram_mb, "VRAM"),
         ):
-            if limit is not None and asked and held + asked > limit:
+            # asked may be 0: a namespace over a lowered limit admits nothing new at all.
+            if limit is not None and held + asked > limit:
                 return Reason.QUOTA_EXCEEDED, (
                     f"{where}: holds {mib(held)} of {mib(limit)} {what}; requested {mib(asked)}"
                 )
