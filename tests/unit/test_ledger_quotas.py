@@ -98,3 +98,22 @@ def test_a_quota_over_on_one_dimension_admits_nothing_new_on_the_other() -> None
     assert "holds 48 GiB of 32 GiB RAM" in refused.message
     book.release("ml/a")
     assert book.reserve(entry("ml/gpu", 0, vram=8 * GIB), T0).admitted
+
+
+def test_a_final_refusal_of_one_quota_is_not_hidden_by_another_s_wait() -> None:
+    """Bound by two quotas: the node one of them forbids is Rejected NodeNotAllowed, even
+    when the other (first by name) is full. It used to be Queued QuotaExceeded, to wait
+    in vain until its wait ran out."""
+    book = ledger()
+    book.quotas.set_quota(QuotaRules("a-room", team("ml"), ram_mb=16 * GIB))
+    gpu_only = LabelSelector(match_labels={"pool": "gpu"})
+    book.quotas.set_quota(QuotaRules("b-nodes", team("ml"), nodes=gpu_only))
+    assert book.reserve(entry("ml/held", 16 * GIB), T0).admitted
+    refused = book.reserve_or_wait(entry("ml/cpu", GIB, node="n2"), T0, LATER)
+    assert (refused.queued, refused.reason) == (False, Reason.NODE_NOT_ALLOWED)
+    assert "namespace ml (quota b-nodes): node n2 is outside spec.nodeSelector (pool=gpu)" in (
+        refused.message
+    )
+    # On its allowed node it waits for the full quota.
+    queued = book.reserve_or_wait(entry("ml/gpu", GIB), T0, LATER)
+    assert (queued.queued, queued.reason) == (True, Reason.QUOTA_EXCEEDED)

@@ -284,18 +284,25 @@ class Quotas:
                     "without one may hold nothing (quotas.unselectedNamespaces Deny)"
                 )
             return None
+        # What no wait can change (the node, the lifetime, the wait asked for) first, from
+        # every quota: a full quota must not queue a claim another one refuses for good.
         for rules in governing:
-            refusal = self._refused_by(rules, entry, namespace)
+            refusal = self._forbidden_by(rules, entry, namespace)
+            if refusal is not None:
+                return refusal
+        for rules in governing:
+            refusal = self._full(rules, entry, namespace)
             if refusal is not None:
                 return refusal
         return None
 
-    def _refused_by(
+    def _forbidden_by(
         self, rules: QuotaRules, entry: Entry, namespace: str
     ) -> tuple[Reason, str] | None:
+        """A final refusal by a valid quota (an invalid one's fields are not obeyed)."""
         where = f"namespace {namespace} (quota {rules.name})"
         if rules.invalid is not None:
-            return Reason.QUOTA_INVALID, f"{where}: the quota cannot be used: {rules.invalid}"
+            return None
         if rules.nodes is not None and not rules.nodes.matches(
             self._node_labels.get(entry.node, {})
         ):
@@ -318,6 +325,13 @@ class Quotas:
                     f"{where}: spec.wait {_duration(wait)} is longer than spec.maxWait "
                     f"{_duration(rules.max_wait)}"
                 )
+        return None
+
+    def _full(self, rules: QuotaRules, entry: Entry, namespace: str) -> tuple[Reason, str] | None:
+        """A refusal a wait may see lifted: the quota is invalid, or full."""
+        where = f"namespace {namespace} (quota {rules.name})"
+        if rules.invalid is not None:
+            return Reason.QUOTA_INVALID, f"{where}: the quota cannot be used: {rules.invalid}"
         used = self._quotas[rules.name].used
         for limit, held, asked, what in (
             (rules.ram_mb, used.ram_mb, entry.ram_mb, "RAM"),
