@@ -117,3 +117,27 @@ def test_a_final_refusal_of_one_quota_is_not_hidden_by_another_s_wait() -> None:
     # On its allowed node it waits for the full quota.
     queued = book.reserve_or_wait(entry("ml/gpu", GIB), T0, LATER)
     assert (queued.queued, queued.reason) == (True, Reason.QUOTA_EXCEEDED)
+
+
+def full_node(book: Ledger, node: str = "n1") -> None:
+    """Fill ``node`` (web/holder holds all it allows) so that claims on it wait for room."""
+    left = book.allocatable_ram(node)
+    assert book.reserve(entry("web/holder", left, node=node), T0).admitted
+
+
+def test_under_strict_fifo_waiters_ahead_do_not_turn_a_final_refusal_into_a_wait() -> None:
+    """A claim its quota refuses for good is Rejected at once, even with others waiting for
+    room on the node; it used to be Queued WaitersAhead and to wait in vain."""
+    book = ledger()
+    book.quotas.set_quota(
+        QuotaRules("q", team("ml"), nodes=LabelSelector(match_labels={"pool": "cpu"}))
+    )
+    full_node(book)
+    assert book.reserve_or_wait(entry("web/waits", GIB), T0, LATER, strict=True).queued
+    late = entry("ml/x", GIB, at=T0 + timedelta(seconds=1))  # behind web/waits
+    refused = book.reserve_or_wait(late, T0, LATER, strict=True)
+    assert (refused.queued, refused.reason) == (False, Reason.NODE_NOT_ALLOWED)
+    # One that may wait still waits behind, as before.
+    later = entry("web/later", GIB, at=T0 + timedelta(seconds=2))
+    behind = book.reserve_or_wait(later, T0, LATER, strict=True)
+    assert (behind.queued, behind.reason) == (True, Reason.WAITERS_AHEAD)

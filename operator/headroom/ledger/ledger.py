@@ -207,18 +207,19 @@ class Ledger:
         Under strict FIFO nothing goes ahead of a reservation already waiting on the
         node: a newcomer waits behind it (or, without a wait, is refused).
         """
+        refusal = self._refusal(entry, now)
         for_room = for_quota = 0
         if strict:
             shares = partial(self.quotas.share, namespace_of(entry.id))
             for_room, for_quota = self.waiting.ahead_of(entry, shares)
         ahead = for_room + for_quota
-        if ahead and entry.id not in self._entries:
-            refusal: tuple[Reason, str] | None = (
+        # Waiters ahead make it wait too, unless it is refused for good: then it is
+        # refused at once (a wait would only run out).
+        if ahead and (refusal is None or refusal[0] in WAITABLE):
+            refusal = (
                 Reason.WAITERS_AHEAD,
                 f"node {entry.node}: {ahead} reservations wait ahead of this one (strict FIFO)",
             )
-        else:
-            refusal = self._refusal(entry, now)
         if refusal is None:
             return self.reserve(entry, now)
         reason, message = refusal
