@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from headroom.kube.events import EventRecorder
 from headroom.ledger import Ledger
+from headroom.ledger.quotas import Quotas
 
 PREFIX = "headroom"
 
@@ -103,6 +104,62 @@ class LedgerCollector(Collector):
         yield from families.values()
         yield utilization
         yield from (device_memory, device_reserved, device_free)
+        yield from quota_families(ledger.quotas)
+
+
+def quota_families(quotas: Quotas) -> Iterator[Metric]:
+    """Per HeadroomQuota: what its namespaces may hold together (a limit is absent where
+    the quota sets none) and what they hold, in total and per namespace holding any."""
+    label = ["quota"]
+    ram_limit = GaugeMetricFamily(
+        f"{PREFIX}_quota_ram_limit_mb",
+        "RAM a quota's namespaces may hold together, MiB (spec.ramMB; absent: no limit).",
+        labels=label,
+    )
+    ram_used = GaugeMetricFamily(
+        f"{PREFIX}_quota_ram_used_mb", "RAM a quota's namespaces hold, MiB.", labels=label
+    )
+    vram_limit = GaugeMetricFamily(
+        f"{PREFIX}_quota_vram_limit_mb",
+        "VRAM a quota's namespaces may hold together, MiB (spec.vramMB; absent: no limit).",
+        labels=label,
+    )
+    vram_used = GaugeMetricFamily(
+        f"{PREFIX}_quota_vram_used_mb", "VRAM a quota's namespaces hold, MiB.", labels=label
+    )
+    entries_limit = GaugeMetricFamily(
+        f"{PREFIX}_quota_entries_limit",
+        "Admitted reservations a quota's namespaces may hold (spec.maxEntries; absent: no limit).",
+        labels=label,
+    )
+    entries = GaugeMetricFamily(
+        f"{PREFIX}_quota_entries", "Admitted reservations a quota's namespaces hold.", labels=label
+    )
+    namespace_ram = GaugeMetricFamily(
+        f"{PREFIX}_quota_namespace_ram_used_mb",
+        "RAM held by each namespace a quota governs (those holding any), MiB.",
+        labels=["quota", "namespace"],
+    )
+    for name in quotas.names():
+        rules = quotas.rules(name)
+        if rules is None:
+            continue
+        used = quotas.used(name)
+        for family, limit in (
+            (ram_limit, rules.ram_mb),
+            (vram_limit, rules.vram_mb),
+            (entries_limit, rules.max_entries),
+        ):
+            if limit is not None:
+                family.add_metric([name], float(limit))
+        ram_used.add_metric([name], float(used.ram_mb))
+        vram_used.add_metric([name], float(used.vram_mb))
+        entries.add_metric([name], float(used.entries))
+        for namespace in quotas.namespaces_of(name):
+            held = quotas.used_by(namespace)
+            if not held.empty:
+                namespace_ram.add_metric([name, namespace], float(held.ram_mb))
+    yield from (ram_limit, ram_used, vram_limit, vram_used, entries_limit, entries, namespace_ram)
 
 
 class EventsCollector(Collector):

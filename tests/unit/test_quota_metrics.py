@@ -1,0 +1,120 @@
+"""Per-quota metrics (HeadroomQuota), read from the ledger at scrape time.
+
+Scraped as Prometheus does and parsed as the integration tests parse /metrics
+(``OperatorProcess.metrics``): ``'name{label="v"}' -> value``.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from headroom.api.limits import Limits
+from headroom.api.selectors import LabelSelector
+from headroom.ledger import Entry, Ledger
+from headroom.ledger.quotas import QuotaRules
+from headroom.serving.metrics import LedgerCollector
+
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+GIB = 1024
+QUOTA_FAMILIES = {
+    "headroom_quota_ram_limit_mb",
+    "headroom_quota_ram_used_mb",
+    "headroom_quota_vram_limit_mb",
+    "headroom_quota_vram_used_mb",
+    "headroom_quota_entries_limit",
+    "headroom_quota_entries",
+    "headroom_quota_namespace_ram_used_mb",
+}
+
+
+def scrape(ledger: Ledger) -> tuple[dict[str, float], set[str]]:
+    """The samples, and the families announced (``# TYPE``), as a scrape sees them."""
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(lambda: ledger))
+    text = generate_latest(registry).decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            values[key] = float(value)
+    return values, set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
+
+
+def quota_samples(values: dict[str, float]) -> dict[str, float]:
+    return {key: value for key, value in values.items() if key.startswith("headroom_quota_")}
+
+
+def book() -> Ledger:
+    ledger = Ledger(Limits(heartbeat_stale_window=timedelta(minutes=5)))
+    ledger.set_node_capacity("n1", 512 * GIB, 80 * GIB)
+    for namespace, team in (("ml", "ml"), ("ml-dev", "ml"), ("web", "web"), ("idle", "ml")):
+        ledger.quotas.set_namespace(namespace, {"team": team})
+    return ledger
+
+
+def claim(entry_id: str, ram: int, vram: int = 0) -> Entry:
+    return Entry(entry_id, "n1", ram, T0, T0, vram)
+
+
+def test_without_quotas_the_families_are_announced_with_no_samples() -> None:
+    values, families = scrape(book())
+    assert families >= QUOTA_FAMILIES  # what the dashboard queries is always exported
+    assert quota_samples(values) == {}
+
+
+def test_each_quota_shows_its_limits_and_what_its_namespaces_hold() -> None:
+    ledger = book()
+    ml = LabelSelector(match_labels={"team": "ml"})
+    ledger.quotas.set_quota(
+        QuotaRules("team-ml", ml, ram_mb=64 * GIB, vram_mb=40 * GIB, max_entries=10)
+    )
+    ledger.quotas.set_quota(QuotaRules("web", LabelSelector(match_labels={"team": "web"})))
+    assert ledger.reserve(claim("ml/a", 40 * GIB, 8 * GIB), T0).admitted
+    assert ledger.reserve(claim("ml-dev/b", 16 * GIB), T0).admitted
+    assert ledger.reserve(claim("web/c", 3 * GIB), T0).admitted
+    assert ledger.reserve(claim("other/d", 5 * GIB), T0).admitted  # no quota: not shown
+    values, _ = scrape(ledger)
+    assert quota_samples(values) == {
+        'headroom_quota_ram_limit_mb{quota="team-ml"}': 65536.0,
+        'headroom_quota_ram_used_mb{quota="team-ml"}': 57344.0,
+        'headroom_quota_vram_limit_mb{quota="team-ml"}': 40960.0,
+        'headroom_quota_vram_used_mb{quota="team-ml"}': 8192.0,
+        'headroom_quota_entries_limit{quota="team-ml"}': 10.0,
+        'headroom_quota_entries{quota="team-ml"}': 2.0,
+        'headroom_quota_namespace_ram_used_mb{namespace="ml",quota="team-ml"}': 40960.0,
+        'headroom_quota_namespace_ram_used_mb{namespace="ml-dev",quota="team-ml"}': 16384.0,
+        # No limit on any dimension: the limit gauges are absent, usage is shown.
+        'headroom_quota_ram_used_mb{quota="web"}': 3072.0,
+        'headroom_quota_vram_used_mb{quota="web"}': 0.0,
+        'headroom_quota_entries{quota="web"}': 1.0,
+        'headroom_quota_namespace_ram_used_mb{namespace="web",quota="web"}': 3072.0,
+    }
+
+
+def test_the_metrics_follow_releases_relabels_lowered_and_deleted_quotas() -> None:
+    ledger = book()
+    ml = LabelSelector(match_labels={"team": "ml"})
+    ledger.quotas.set_quota(QuotaRules("team-ml", ml, ram_mb=64 * GIB))
+    assert ledger.reserve(claim("ml/a", 40 * GIB), T0).admitted
+    assert ledger.reserve(claim("ml-dev/b", 16 * GIB), T0).admitted
+    ledger.release("ml/a")
+    ledger.quotas.set_namespace("ml-dev", {"team": "none"})  # leaves the quota
+    ledger.quotas.set_quota(QuotaRules("team-ml", ml, ram_mb=GIB))  # lowered
+    values, _ = scrape(ledger)
+    assert quota_samples(values) == {
+        'headroom_quota_ram_limit_mb{quota="team-ml"}': 1024.0,
+        'headroom_quota_ram_used_mb{quota="team-ml"}': 0.0,
+        'headroom_quota_vram_used_mb{quota="team-ml"}': 0.0,
+        'headroom_quota_entries{quota="team-ml"}': 0.0,
+    }
+    ledger.quotas.set_namespace("ml-dev", {"team": "ml"})  # back, over the lowered limit
+    values, _ = scrape(ledger)
+    assert values['headroom_quota_ram_used_mb{quota="team-ml"}'] == 16384.0
+    assert values['headroom_quota_ram_limit_mb{quota="team-ml"}'] == 1024.0
+    ledger.quotas.remove_quota("team-ml")
+    values, families = scrape(ledger)
+    assert quota_samples(values) == {}
+    assert families >= QUOTA_FAMILIES
