@@ -6,8 +6,10 @@ Scraped as Prometheus does and parsed as the integration tests parse /metrics
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -17,6 +19,7 @@ from headroom.ledger import Entry, Ledger
 from headroom.ledger.quotas import QuotaRules
 from headroom.serving.metrics import LedgerCollector
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts/headroom/dashboards/headroom.json"
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 GIB = 1024
 QUOTA_FAMILIES = {
@@ -118,3 +121,16 @@ def test_the_metrics_follow_releases_relabels_lowered_and_deleted_quotas() -> No
     values, families = scrape(ledger)
     assert quota_samples(values) == {}
     assert families >= QUOTA_FAMILIES
+
+
+def test_the_dashboard_queries_only_quota_metrics_the_collector_exports() -> None:
+    """The unit twin of tests/integration/test_dashboard.py for the quota panels."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    expressions = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", ())]
+    expressions += [v.get("query", "") for v in dashboard["templating"]["list"]]
+    queried = {m for e in expressions for m in re.findall(r"\bheadroom_quota_[a-z_]+", e)}
+    _, families = scrape(book())
+    assert queried == QUOTA_FAMILIES  # each shown, none missing
+    assert "quota" in {v["name"] for v in dashboard["templating"]["list"]}
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    assert families >= queried
