@@ -78,3 +78,19 @@ def test_a_namespace_not_seen_yet_counts_under_the_quota_that_names_it() -> None
     assert "gone" not in book.quotas.seen_namespaces()
     book.quotas.remove_namespace("unseen")  # still holds: still counted
     assert book.quotas.used("by-name").ram_mb == 1024
+
+
+def test_a_waiter_its_changed_quota_now_forbids_holds_back_no_one_under_strict_fifo() -> None:
+    """Queued for room; then its quota's nodeSelector leaves its node out. Until its wait
+    runs out it can never go, so it must not hold back another tenant on the node."""
+    book = ledger(total=5120)  # limit 4096
+    _under_quota(book)
+    book.set_node_labels("n1", {"pool": "gpu"})
+    assert book.reserve(entry("other/holder", 3072), T0).admitted
+    assert book.reserve_or_wait(entry("a/big", 2048), T0, LATER, strict=True).queued
+    selector = LabelSelector.model_validate({"matchLabels": {"team": "t"}})
+    cpu_only = LabelSelector.model_validate({"matchLabels": {"pool": "cpu"}})
+    book.quotas.set_quota(QuotaRules(name="team", namespaces=selector, nodes=cpu_only))
+    assert book.admit_waiting(T0, ["n1"], strict=True) == []
+    later = entry("other/small", 512, at=T0 + timedelta(seconds=1))
+    assert book.reserve_or_wait(later, T0, LATER, strict=True).admitted

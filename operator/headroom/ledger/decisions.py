@@ -32,6 +32,15 @@ class Decision:
 #: Refusals made by a namespace's quota: waited out in the quota, not on the node, so
 #: (under strict FIFO) they hold back no one else's claim on the node.
 QUOTA_WAITABLE = frozenset({Reason.QUOTA_EXCEEDED, Reason.NO_QUOTA, Reason.QUOTA_INVALID})
+#: Every refusal a quota makes. A waiter gets a final one when its quota changes under it
+#: (a nodeSelector, maxLifetime or maxWait it no longer passes): it stays until its wait
+#: runs out or the quota lets it go again, and meanwhile, like one waiting for its
+#: quota's room, it holds back no one else's claim on the node.
+QUOTA_REASONS = QUOTA_WAITABLE | {
+    Reason.NODE_NOT_ALLOWED,
+    Reason.LIFETIME_TOO_LONG,
+    Reason.WAIT_TOO_LONG,
+}
 #: Refusals a reservation may wait out (room may appear); the others are final.
 WAITABLE = QUOTA_WAITABLE | {
     Reason.NODE_UNKNOWN,

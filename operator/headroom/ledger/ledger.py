@@ -34,6 +34,7 @@ from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
 from headroom.ledger.decisions import (
+    QUOTA_REASONS,
     QUOTA_WAITABLE,
     WAITABLE,
     Decision,
@@ -308,7 +309,12 @@ class Ledger:
                     self.waiting.remove(entry.id)
                     admitted.append(self.reserve(entry, now))
                     continue
-                self.waiting.still_refused(entry.id, for_quota=refusal[0] in QUOTA_WAITABLE)
+                # Refused by its quota (even for good, as it changed since), or found
+                # expired: it holds back no one on the node.
+                self.waiting.still_refused(
+                    entry.id,
+                    for_quota=refusal[0] in QUOTA_REASONS or refusal[0] == Reason.ALREADY_EXPIRED,
+                )
                 if not strict or refusal[0] == Reason.ALREADY_EXPIRED:
                     continue
                 if not waiting.for_quota:

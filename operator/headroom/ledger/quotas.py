@@ -125,8 +125,10 @@ class Quotas:
         labels = dict(labels)
         if self._labels.get(namespace) == labels:
             return False
+        before = self._names(namespace)  # for one never worked out: what its name gave
         self._labels[namespace] = labels
-        return self._govern(namespace)
+        self._govern(namespace)
+        return self._names(namespace) != before
 
     def remove_namespace(self, namespace: str) -> None:
         """The Namespace is gone. What it still holds stays counted (under the quotas that
@@ -165,17 +167,20 @@ class Quotas:
         if namespace not in self._worked_out:
             self._govern(namespace)
 
-    def _govern(self, namespace: str) -> bool:
-        """Work out which quotas govern ``namespace``; move its usage if that changed."""
-        self._worked_out.add(namespace)
+    def _matching(self, namespace: str) -> tuple[str, ...]:
         labels = self._labels_of(namespace)
-        governing = tuple(
+        return tuple(
             sorted(
                 name
                 for name, quota in self._quotas.items()
                 if quota.rules.namespaces.matches(labels)
             )
         )
+
+    def _govern(self, namespace: str) -> bool:
+        """Work out which quotas govern ``namespace``; move its usage if that changed."""
+        self._worked_out.add(namespace)
+        governing = self._matching(namespace)
         before = self._governing.get(namespace, ())
         use = self._use.get(namespace)
         for name in before:
@@ -198,16 +203,23 @@ class Quotas:
             self._governing.pop(namespace, None)
         return governing != before
 
+    def _names(self, namespace: str) -> tuple[str, ...]:
+        """The quotas governing ``namespace``. For one never worked out (not seen, never
+        claimed, or forgotten when deleted) they are read from its name, changing nothing."""
+        if namespace in self._worked_out:
+            return self._governing.get(namespace, ())
+        return self._matching(namespace)
+
     def governing(self, namespace: str) -> list[QuotaRules]:
-        return [self._quotas[name].rules for name in self._governing.get(namespace, ())]
+        return [self._quotas[name].rules for name in self._names(namespace)]
 
     def share(self, namespace: str, other: str) -> bool:
         """Whether two namespaces are one, or share a quota (cost: their quotas, not the
         quotas' namespaces, which may be thousands)."""
         if namespace == other:
             return True
-        mine = self._governing.get(namespace, ())
-        return bool(mine) and any(name in mine for name in self._governing.get(other, ()))
+        mine = self._names(namespace)
+        return bool(mine) and any(name in mine for name in self._names(other))
 
     # -- usage ---------------------------------------------------------------------------
 
@@ -263,7 +275,6 @@ class Quotas:
         """The expiry ``entry`` lives under: its own, else the shortest its quotas give."""
         if entry.expires_at is not None:
             return entry.expires_at
-        self._work_out(namespace_of(entry.id))
         given = [
             rules.lifetime_given
             for rules in self.governing(namespace_of(entry.id))
@@ -275,7 +286,6 @@ class Quotas:
     def refusal(self, entry: Entry) -> tuple[Reason, str] | None:
         """Why the namespace's quotas refuse ``entry`` now, or None (no change)."""
         namespace = namespace_of(entry.id)
-        self._work_out(namespace)
         governing = self.governing(namespace)
         if not governing:
             if self.deny_unselected:
