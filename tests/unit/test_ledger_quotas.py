@@ -600,3 +600,15 @@ def team_absent() -> LabelSelector:
     return LabelSelector(
         match_expressions=[LabelSelectorRequirement(key="team", operator="DoesNotExist")]
     )
+
+
+def test_labelling_a_namespace_not_seen_yet_reports_a_change_of_its_quotas() -> None:
+    """set_namespace says whether what governs the namespace changed (the operator then
+    tries its quota waiters); for one not seen yet it compared with nothing recorded."""
+    book = ledger()
+    book.quotas.set_quota(QuotaRules("no-team", team_absent(), max_entries=0))
+    assert [r.name for r in book.quotas.governing("fresh")] == ["no-team"]
+    assert book.reserve_or_wait(entry("fresh/a", GIB), T0, LATER).reason == (Reason.QUOTA_EXCEEDED)
+    assert book.quotas.set_namespace("fresh", {"team": "ml"})
+    assert book.quotas.governing("fresh") == []
+    assert [d.entry.id for d in book.admit_waiting(T0, book.quota_waiters())] == ["fresh/a"]
