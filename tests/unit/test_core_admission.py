@@ -25,6 +25,7 @@ def entry(
     at: datetime = T0,
     expires: datetime | None = None,
     pod: str | None = None,
+    wait_until: datetime | None = None,
 ) -> Entry:
     return Entry(
         id=entry_id,
@@ -35,6 +36,7 @@ def entry(
         last_heartbeat=at,
         expires_at=expires,
         owner=Owner(pod=pod),
+        wait_until=wait_until,
     )
 
 

@@ -6,40 +6,17 @@ the refusals, their words and numbers, and the changes a quota goes through.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.api.selectors import LabelSelector, LabelSelectorRequirement
-from headroom.ledger import Entry, Ledger, Owner
+from headroom.ledger import Ledger
 from headroom.ledger.quotas import QuotaRules, Quotas, Usage
+from tests.unit.test_core_admission import T0, entry
 
-T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 LATER = T0 + timedelta(minutes=10)
 GIB = 1024
-
-
-def entry(
-    entry_id: str,
-    ram: int,
-    *,
-    node: str = "n1",
-    vram: int = 0,
-    at: datetime = T0,
-    expires: datetime | None = None,
-    wait_until: datetime | None = None,
-) -> Entry:
-    return Entry(
-        id=entry_id,
-        node=node,
-        ram_mb=ram,
-        vram_mb=vram,
-        created_at=at,
-        last_heartbeat=at,
-        expires_at=expires,
-        owner=Owner(),
-        wait_until=wait_until,
-    )
 
 
 def team(*names: str) -> LabelSelector:
