@@ -155,10 +155,6 @@ class HeadroomQuotaSpec(_Model):
             raise ValueError("spec.defaultLifetime must not be longer than spec.maxLifetime")
         return self
 
-    def lifetime_given(self) -> timedelta | None:
-        """The lifetime of a reservation that sets no expiresAt: the default, else the max."""
-        return self.default_lifetime if self.default_lifetime is not None else self.max_lifetime
-
 
 class NamespaceUsage(_Model):
     """What one governed namespace holds and waits for."""

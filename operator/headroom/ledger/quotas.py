@@ -23,7 +23,7 @@ the whole cluster because of a typo in its own quota.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from headroom.api.reasons import Reason
@@ -240,11 +240,11 @@ class Quotas:
 
     def used(self, name: str) -> Usage:
         quota = self._quotas.get(name)
-        return Usage(**_fields(quota.used)) if quota is not None else Usage()
+        return replace(quota.used) if quota is not None else Usage()
 
     def used_by(self, namespace: str) -> Usage:
         use = self._use.get(namespace)
-        return Usage(**_fields(use)) if use is not None else Usage()
+        return replace(use) if use is not None else Usage()
 
     def namespaces_of(self, name: str) -> list[str]:
         quota = self._quotas.get(name)
@@ -357,10 +357,6 @@ class Quotas:
                 f"{where}: holds {used.entries} of {rules.max_entries} entries (spec.maxEntries)"
             )
         return None
-
-
-def _fields(use: Usage) -> dict[str, int]:
-    return {"ram_mb": use.ram_mb, "vram_mb": use.vram_mb, "entries": use.entries}
 
 
 def _duration(value: timedelta) -> str:
