@@ -45,7 +45,7 @@ from headroom.ledger.decisions import (
 from headroom.ledger.entry import Entry
 from headroom.ledger.node import NodeState
 from headroom.ledger.pods import PodKey, PodRequests
-from headroom.ledger.queue import WaitQueues
+from headroom.ledger.queue import Waiting, WaitQueues
 from headroom.ledger.quotas import Quotas, namespace_of
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
@@ -292,6 +292,8 @@ class Ledger:
         waiter younger than it goes first; it is decided, in its turn, before them.
         """
         admitted: list[Decision] = []
+        passed: list[Waiting] = []  # refused, left waiting, in a best-effort look
+        before_last_admission = 0  # how many of ``passed`` were passed before an admission
         for node in sorted(set(nodes)):
             oldest_undecided = (undecided or {}).get(node)
             held_back: list[str] = []  # namespaces whose quota's head waits on this node
@@ -308,6 +310,7 @@ class Ledger:
                 if refusal is None:
                     self.waiting.remove(entry.id)
                     admitted.append(self.reserve(entry, now))
+                    before_last_admission = len(passed)
                     continue
                 # Refused by its quota (even for good, as it changed since), or found
                 # expired: it holds back no one on the node.
@@ -316,12 +319,26 @@ class Ledger:
                     for_quota=refusal[0] in QUOTA_REASONS or refusal[0] == Reason.ALREADY_EXPIRED,
                 )
                 if not strict or refusal[0] == Reason.ALREADY_EXPIRED:
+                    passed.append(waiting)
                     continue
                 if not waiting.for_quota:
                     break  # the oldest blocks the ones behind it
                 # ... of its own quotas only: other tenants do not wait for that quota.
                 held_back.append(namespace)
+        self._why_still_waiting(passed[:before_last_admission], now)
         return admitted
+
+    def _why_still_waiting(self, passed: list[Waiting], now: datetime) -> None:
+        """A best-effort look admitted later ones: those it passed may now be refused by
+        their quota (a later one used it up) rather than the node's room, and so hold
+        back fewer under strict FIFO. Say so now, as a fresh look would."""
+        for waiting in passed:
+            refusal = self._refusal(waiting.entry, now)
+            if refusal is not None:
+                self.waiting.still_refused(
+                    waiting.entry_id,
+                    for_quota=refusal[0] in QUOTA_REASONS or refusal[0] == Reason.ALREADY_EXPIRED,
+                )
 
     def wait_over(self, now: datetime) -> list[Decision]:
         """Waiting reservations whose wait, or hard expiry, ran out: refused now."""
