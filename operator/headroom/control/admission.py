@@ -1,15 +1,18 @@
-"""Admission: one decider, in creation order, each decision in memory before any await.
+"""Admission: one decider, fair across namespaces, in creation order on each node, each
+decision in memory before any await.
 
 Reservations waiting for a decision sit in a queue keyed by uid. One task drains
-it: each pass is sorted by creation time (ties by the order they were seen, which
-follows etcd's revision order), and each reservation is decided by the pure
-ledger synchronously, so two reservations can never both take the same last bit
-of headroom. Only then is the decision handed to the status writer, which writes
-it concurrently with later decisions.
+it: each pass takes namespaces in turn, and each namespace's reservations in
+creation order (ties by the order they were seen, which follows etcd's revision
+order), never one before an earlier one on the same node (:func:`fair_order`).
+Each reservation is decided by the pure ledger synchronously, so two
+reservations can never both take the same last bit of headroom. Only then is
+the decision handed to the status writer, which writes it later, fairly across
+namespaces too; the decider never waits for writes.
 
 A reservation waits in the queue (it is not refused) while its Node or owner pod
-is being looked up (``headroom.control.lookups``), while this process may not act
-(a leader whose Lease ran out), and while too many writes are in flight.
+is being looked up (``headroom.control.lookups``), and while this process may not
+act (a leader whose Lease ran out).
 
 Memory stays flat under a burst: the queue keeps only the fields a decision reads.
 """
@@ -19,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -45,6 +49,7 @@ from headroom.objects.status import Decision
 
 log = logging.getLogger(__name__)
 _NOT_LEADER_PAUSE = 0.1
+_TURN = 128  # decisions between two looks at the event loop (~10-20 ms of work)
 
 
 @dataclass(slots=True)
@@ -55,6 +60,38 @@ class Pending:
     obj: JSON
     order: tuple[str, int]
     seen: float  # monotonic time the operator first saw it
+
+
+def fair_order(queued: Iterable[Pending]) -> list[tuple[str, Pending]]:
+    """The order of one pass, each with its node: namespaces in turn, and within one, in
+    creation order; but never a reservation before an earlier one on its node.
+
+    Round robin over namespaces is what keeps one tenant's burst from deciding all of
+    its backlog before another tenant's single reservation. Creation order per node is
+    the queue's promise (strict FIFO, and which of two claims gets a node's last room),
+    so a namespace whose next reservation has an earlier one of another namespace on
+    its node skips its turn. That never stalls: the earliest of all is always next
+    on its node and in its namespace.
+    """
+    by_namespace: dict[str, deque[tuple[str, Pending]]] = {}
+    by_node: dict[str, deque[Pending]] = {}
+    for pending in sorted(queued, key=lambda p: p.order):
+        node = spec_targets(pending.obj)[0] or ""
+        by_namespace.setdefault(pending.namespace, deque()).append((node, pending))
+        by_node.setdefault(node, deque()).append(pending)
+    order: list[tuple[str, Pending]] = []
+    while by_namespace:
+        for namespace, turns in list(by_namespace.items()):
+            node, pending = turns[0]
+            on_node = by_node[node]
+            if on_node[0] is not pending:
+                continue  # an earlier one of another namespace on its node goes first
+            turns.popleft()
+            on_node.popleft()
+            order.append((node, pending))
+            if not turns:
+                del by_namespace[namespace]
+    return order
 
 
 class Admission:
@@ -82,6 +119,7 @@ class Admission:
         self._queue: dict[str, Pending] = {}
         self._wake = asyncio.Event()
         self._sequence = itertools.count()
+        self._arrivals = 0  # reservations queued so far (a pass sees whether more came)
         self._decisions = itertools.count(1)
         self.run_id = run_id
 
@@ -103,6 +141,7 @@ class Admission:
         self._queue[uid] = Pending(
             uid, metadata["namespace"], metadata["name"], obj, order, self._clock.monotonic()
         )
+        self._arrivals += 1
         self._wake.set()
 
     def withdraw(self, uid: str) -> None:
@@ -119,27 +158,42 @@ class Admission:
             while not self._may_act():  # noqa: ASYNC110 - a Lease runs out by the clock
                 await asyncio.sleep(_NOT_LEADER_PAUSE)
             self._settle_waiting()  # the older, waiting ones first
-            waiting: set[str] = set()  # nodes with an earlier reservation still waiting
-            decided: set[str] = set()
-            for pending in sorted(self._queue.values(), key=lambda p: p.order):
-                await self._writer.room()  # between decisions: the ledger is consistent
-                while not self._may_act():  # noqa: ASYNC110 - a Lease runs out by the clock
-                    await asyncio.sleep(_NOT_LEADER_PAUSE)  # a leader out of time decides nothing
-                if self._queue.get(pending.uid) is not pending:  # withdrawn while waiting
-                    continue
-                node, _ = spec_targets(pending.obj)
-                if node in waiting or not self._ready(pending):
-                    waiting.add(node or "")  # later ones on its node wait too: creation order
-                    continue  # a lookup is under way; its answer wakes us
-                del self._queue[pending.uid]
-                decided.add(node or "")
-                try:
-                    self._decide(pending)
-                except Exception as error:  # one reservation must not stop the others
-                    log.exception("deciding %s/%s failed", pending.namespace, pending.name)
-                    self._refuse(pending, Reason.INVALID_SPEC, f"could not be decided: {error}")
-            if decided & self._state.room_nodes:
-                self._wake.set()  # waiters held back behind these may go now
+            await self._decide_queued()
+
+    async def _decide_queued(self) -> None:
+        """One pass over the queue, in :func:`fair_order`.
+
+        Every ``_TURN`` decisions it lets the event loop run (watch events, writes),
+        and if new reservations came meanwhile it ends the pass and is woken for the
+        next one, which orders them in: a backlog is never a wall in front of a
+        newcomer of another namespace.
+        """
+        waiting: set[str] = set()  # nodes with an earlier reservation still waiting
+        decided: set[str] = set()
+        arrivals = self._arrivals
+        for count, (node, pending) in enumerate(fair_order(self._queue.values())):
+            if count and not count % _TURN:
+                await asyncio.sleep(0)  # between decisions: the ledger is consistent
+                if self._arrivals != arrivals:
+                    self._wake.set()
+                    break
+            if not self._may_act():  # a leader out of time decides nothing
+                self._wake.set()
+                break
+            if self._queue.get(pending.uid) is not pending:  # withdrawn meanwhile
+                continue
+            if node in waiting or not self._ready(pending):
+                waiting.add(node)  # later ones on its node wait too: creation order
+                continue  # a lookup is under way; its answer wakes us
+            del self._queue[pending.uid]
+            decided.add(node)
+            try:
+                self._decide(pending)
+            except Exception as error:  # one reservation must not stop the others
+                log.exception("deciding %s/%s failed", pending.namespace, pending.name)
+                self._refuse(pending, Reason.INVALID_SPEC, f"could not be decided: {error}")
+        if decided & self._state.room_nodes:
+            self._wake.set()  # waiters held back behind these may go now
 
     def _ready(self, pending: Pending) -> bool:
         node, pod = spec_targets(pending.obj)
