@@ -6,7 +6,9 @@ runs it, with leader election in some schedules), nodes, tenants who create,
 heartbeat (through their reservation or an owner pod) and delete reservations,
 in some schedules gated pods and the cluster around them
 (:mod:`headroom_dev.sim.pods`), in some tenants under HeadroomQuotas that an
-admin raises, lowers, deletes and creates again, and an adversary who resizes and deletes nodes,
+admin raises, lowers, deletes and creates again, in some a noisy tenant who creates
+reservations in bursts and heartbeats them many times a second, and an adversary
+who resizes and deletes nodes,
 deletes and unlabels owner pods, crashes and restarts the operator, pauses the
 leader past its Lease, cuts the network for a while, breaks watches and compacts
 history — on top of a network that throttles, fails, loses answers and drops,
@@ -54,6 +56,8 @@ QUIESCE = 90.0  # virtual seconds of calm at the end: a window, a resync, and sl
 POD_SHARE = 0.5  # of schedules that have gated pods (headroom_dev.sim.pods)
 QUOTA_SHARE = 0.5  # of schedules with tenants under quotas
 TEAMS = ("team-a", "team-b")  # both under quota "team"; team-b also under "b-only"
+NOISY_SHARE = 0.3  # of schedules with a tenant that floods creates and heartbeats
+NOISY = "noisy"
 JSON = dict[str, Any]
 QUOTAS = resource_path("headroom.dev", "v1alpha1", "headroomquotas")
 
@@ -203,6 +207,7 @@ class _Schedule:
         self.noisy = self.rng.random() < 0.8  # a network that misbehaves all along
         self.quotas = self.rng.random() < QUOTA_SHARE
         self.where: dict[str, str] = {}  # reservation -> its namespace
+        self.flooding = self.rng.random() < NOISY_SHARE
         self.trace: list[str] = []
         self.calmed = False
         self.ending = False
@@ -265,6 +270,7 @@ class _Schedule:
             (0.5, self.break_watches),
             (0.3, self.compact),
             *([(1.0, self.change_quota)] if self.quotas else []),
+            *([(1.0, self.flood)] if self.flooding else []),
             *(self.pods.actions() if self.pods is not None else []),
         ]
         weights = [w for w, _ in actions]
@@ -495,6 +501,37 @@ class _Schedule:
                     self.server.heartbeat(self.where[name], name)
                 else:
                     self.server.heartbeat_pod(self.where[name], self.owners[name])
+
+    def flood(self) -> None:
+        """The noisy tenant: a burst of creates over every node at once, some of them
+        waiting for room, each then heartbeated several times a second."""
+        nodes = sorted(self.nodes) or ["node-0"]
+        burst = self.rng.randint(10, 40)
+        for _ in range(burst):
+            name = f"n{len(self.reservations)}"
+            self.reservations.append(name)
+            self.where[name] = NOISY
+            spec: dict[str, Any] = {}
+            if self.rng.random() < 0.3:
+                spec["wait"] = f"{self.rng.uniform(1, 30):.1f}s"
+            try:
+                self.server.create_reservation(
+                    NOISY, name, self.rng.choice(nodes), self.rng.choice([64, 128, 256]), **spec
+                )
+            except ApiError:
+                continue
+            self.count("noisy-create")
+            if self.rng.random() < 0.5:
+                self.beating[name] = asyncio.create_task(self.storm(name))
+
+    async def storm(self, name: str) -> None:
+        """Heartbeats far more often than needed, for a while."""
+        until = self.now() + self.rng.uniform(5, 60)
+        while self.now() < until:
+            await asyncio.sleep(self.rng.uniform(0.05, 0.5))
+            with contextlib.suppress(ApiError):
+                self.server.heartbeat(NOISY, name)
+                self.count("noisy-beat")
 
     def delete_reservation(self) -> None:
         if not self.reservations:
