@@ -62,11 +62,28 @@ def custom(api_client: client.ApiClient) -> client.CustomObjectsApi:
 
 
 @pytest.fixture
-def namespace(core: client.CoreV1Api) -> Iterator[str]:
+def make_namespace(core: client.CoreV1Api) -> Iterator[Callable[[], str]]:
+    """Fresh namespaces for one test (a second tenant, say); cleaned up after it."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        core.create_namespace({"metadata": {"name": name}})
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        _clean_namespace(core, name)
+
+
+@pytest.fixture
+def namespace(make_namespace: Callable[[], str]) -> str:
     """A fresh namespace for one test."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    core.create_namespace({"metadata": {"name": name}})
-    yield name
+    return make_namespace()
+
+
+def _clean_namespace(core: client.CoreV1Api, name: str) -> None:
     # Reservations go first, so an operator started by a later test does not
     # rebuild from this test's leftovers.
     try:
