@@ -94,7 +94,9 @@ def test_default_render() -> None:
             "CustomResourceDefinition/nodeheadrooms.headroom.dev",
             "CustomResourceDefinition/reservations.headroom.dev",
             "Deployment/headroom",
+            "FlowSchema/headroom",
             "MutatingWebhookConfiguration/headroom",
+            "PriorityLevelConfiguration/headroom",
             "Role/headroom-webhook-cert",
             "RoleBinding/headroom-webhook-cert",
             "Service/headroom-metrics",
@@ -372,6 +374,11 @@ def test_the_quota_roles_and_their_bindings(value: str, role: str, verbs: list[s
         ("webhook.failurePolicy=Sometimes", "failurePolicy"),
         ("webhook.timeoutSeconds=60", "timeoutSeconds"),
         ("webhook.tls=true", "'tls' not allowed"),
+        ("apiPriority.nominalConcurrencyShares=0", "nominalConcurrencyShares"),
+        ("apiPriority.lendablePercent=101", "lendablePercent"),
+        ("apiPriority.matchingPrecedence=9500", "matchingPrecedence"),
+        ("apiPriority.queuing.handSize=0", "handSize"),
+        ("apiPriority.distinguisher=ByNamespace", "'distinguisher' not allowed"),
     ],
 )
 def test_schema_refuses_bad_values(value: str, complaint: str) -> None:
@@ -409,6 +416,10 @@ def test_rendered_manifests_apply_cleanly(installed: None, kubectl: Kubectl) -> 
         "headroom-quota-reader",
     ):
         assert f"clusterrole.rbac.authorization.k8s.io/{role}" in roles
+    # API Priority and Fairness (cluster-scoped; tests/integration/test_api_fairness.py).
+    for kind in ("flowschemas", "prioritylevelconfigurations"):
+        result = kubectl("get", f"{kind}.flowcontrol.apiserver.k8s.io/headroom", "-o", "name")
+        assert result.returncode == 0, result.stderr
 
 
 def bind_headroom_edit(core: client.CoreV1Api, namespace: str, user: str) -> None:
