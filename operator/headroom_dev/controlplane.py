@@ -58,7 +58,8 @@ class ControlPlane:
     """etcd + kube-apiserver on free loopback ports, with an admin kubeconfig;
     with ``controllers=True`` also kube-controller-manager (running
     :data:`~headroom_dev.controllers.DEFAULT_CONTROLLERS`, or the controllers
-    named instead of ``True``) and kube-scheduler.
+    named instead of ``True``) and kube-scheduler. ``apiserver_args`` go after
+    kube-apiserver's own flags (e.g. smaller ``--max-requests-inflight`` limits).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
@@ -69,6 +70,7 @@ class ControlPlane:
         *,
         fsync: bool = False,
         controllers: bool | tuple[str, ...] = False,
+        apiserver_args: tuple[str, ...] = (),
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="headroom-cp-")) if workdir is None else workdir
@@ -81,6 +83,7 @@ class ControlPlane:
         self.etcd_port, self.etcd_peer_port = free_port(), free_port()
         self.url = f"https://127.0.0.1:{self.apiserver_port}"
         self._fsync = fsync
+        self._apiserver_args = apiserver_args
         self._write_pki()
         self.kubeconfig = self.write_kubeconfig(
             self.workdir / "admin.kubeconfig", "admin", ("system:masters",)
@@ -258,7 +261,7 @@ class ControlPlane:
             # It needs each namespace's default ServiceAccount, which only the
             # controller-manager creates.
             argv.append("--disable-admission-plugins=ServiceAccount")
-        return argv
+        return argv + list(self._apiserver_args)
 
     def _etcd_ready(self) -> bool:
         conn = http.client.HTTPConnection("127.0.0.1", self.etcd_port, timeout=2)
