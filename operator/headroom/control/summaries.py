@@ -9,6 +9,11 @@ at most once per ``summaryInterval`` and only when its figures changed, so a
 burst of 1,000 admissions on one node costs one or two writes, not 1,000. Each
 node's summary is built on its own: one that cannot be built (a figure past its
 bound) is skipped with a Warning Event on its Node, and the others are written.
+
+A flush sends at most ``MAX_FLUSH_WRITES_IN_FLIGHT`` writes at a time: a flush
+after a burst over many nodes is hundreds of writes, and sent all at once they
+took the connection pool and the API server in front of the decisions' own
+status writes (a tenant's decision waiting behind another tenant's summaries).
 """
 
 from __future__ import annotations
@@ -32,6 +37,20 @@ from headroom.objects.summary import headroom_status
 
 log = logging.getLogger(__name__)
 MAX_POSITION_WRITES = 200
+MAX_FLUSH_WRITES_IN_FLIGHT = 4
+
+
+async def _bounded(
+    writes: list[Coroutine[Any, Any, None]], limit: int
+) -> list[BaseException | None]:
+    """Run ``writes`` at most ``limit`` at a time, in order; each one's exception or None."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(write: Coroutine[Any, Any, None]) -> None:
+        async with gate:
+            await write
+
+    return await asyncio.gather(*(one(w) for w in writes), return_exceptions=True)
 
 
 class Summaries:
@@ -82,7 +101,7 @@ class Summaries:
                 continue
             writes.append(self._write(node, status, now))
         writes += self._positions(sorted(dirty))
-        results = await asyncio.gather(*writes, return_exceptions=True)
+        results = await _bounded(writes, MAX_FLUSH_WRITES_IN_FLIGHT)
         for result in results:
             if isinstance(result, BaseException):
                 log.warning("NodeHeadroom write failed: %s", result)
