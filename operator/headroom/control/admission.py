@@ -2,9 +2,10 @@
 decision in memory before any await.
 
 Reservations waiting for a decision sit in a queue keyed by uid. One task drains
-it: each pass takes namespaces in turn, and each namespace's reservations in
-creation order (ties by the order they were seen, which follows etcd's revision
-order), never one before an earlier one on the same node (:func:`fair_order`).
+it: each pass takes namespaces in turn, and within a namespace its nodes in turn;
+on each node, reservations go in creation order (ties by the order they were
+seen, which follows etcd's revision order), whatever their namespace
+(:func:`fair_order`).
 Each reservation is decided by the pure ledger synchronously, so two
 reservations can never both take the same last bit of headroom. Only then is
 the decision handed to the status writer, which writes it later, fairly across
@@ -22,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -63,34 +64,44 @@ class Pending:
 
 
 def fair_order(queued: Iterable[Pending]) -> list[tuple[str, Pending]]:
-    """The order of one pass, each with its node: namespaces in turn, and within one, in
-    creation order; but never a reservation before an earlier one on its node.
+    """The order of one pass, each with its node: namespaces in turn, within a namespace
+    its nodes in turn, on a node creation order, whatever the namespace.
 
-    Round robin over namespaces is what keeps one tenant's burst from deciding all of
-    its backlog before another tenant's single reservation. Creation order per node is
-    the queue's promise (strict FIFO, and which of two claims gets a node's last room),
-    so a namespace whose next reservation has an earlier one of another namespace on
-    its node skips its turn. That never stalls: the earliest of all is always next
-    on its node and in its namespace.
+    Round robin over namespaces keeps one tenant's burst from being decided, all of
+    it, before another tenant's single reservation; over a namespace's nodes, its
+    backlog on some nodes from being decided before its own reservation on an idle
+    one (decisions on different nodes are independent). Creation order per node is
+    the queue's promise (strict FIFO, and which of two claims gets a node's last
+    room), so a node whose next reservation of this namespace has an earlier one of
+    another namespace in front of it is passed over this turn. That never stalls:
+    the earliest of all is first on its node and its namespace has it in a lane.
     """
-    by_namespace: dict[str, deque[tuple[str, Pending]]] = {}
+    flows: dict[str, OrderedDict[str, deque[Pending]]] = {}
     by_node: dict[str, deque[Pending]] = {}
     for pending in sorted(queued, key=lambda p: p.order):
         node = spec_targets(pending.obj)[0] or ""
-        by_namespace.setdefault(pending.namespace, deque()).append((node, pending))
+        flows.setdefault(pending.namespace, OrderedDict()).setdefault(node, deque()).append(
+            pending
+        )
         by_node.setdefault(node, deque()).append(pending)
     order: list[tuple[str, Pending]] = []
-    while by_namespace:
-        for namespace, turns in list(by_namespace.items()):
-            node, pending = turns[0]
-            on_node = by_node[node]
-            if on_node[0] is not pending:
-                continue  # an earlier one of another namespace on its node goes first
-            turns.popleft()
-            on_node.popleft()
+    while flows:
+        for namespace, lanes in list(flows.items()):
+            for node, lane in lanes.items():
+                pending = lane[0]
+                if by_node[node][0] is pending:
+                    break
+            else:
+                continue  # each of its next ones waits for another namespace's earlier one
+            lane.popleft()
+            by_node[node].popleft()
             order.append((node, pending))
-            if not turns:
-                del by_namespace[namespace]
+            if lane:
+                lanes.move_to_end(node)
+            else:
+                del lanes[node]
+            if not lanes:
+                del flows[namespace]
     return order
 
 
