@@ -192,6 +192,82 @@ async def until(
             await asyncio.sleep(period)
 
 
+class PhaseWatch:
+    """A plain WATCH of Reservations (not the operator's): when each name was first seen
+    (its ADDED event) and when it was first seen with a ``status.phase``, on the
+    bench's monotonic clock.
+
+    ``path``: one namespace's reservations or every namespace's. It runs on a client
+    of its own (its own connection), so that the load a benchmark puts on its main
+    client's pool does not delay the events. A watch the server ends is resumed from
+    the last version seen; one that cannot be resumed (410) raises in :meth:`stop`
+    and in the waits.
+    """
+
+    def __init__(self, credentials: Credentials, path: str, version: str) -> None:
+        self.path, self.version = path, version
+        self.client = KubeClient(credentials, connections=2)
+        self.added: dict[str, float] = {}
+        self.decided: dict[str, float] = {}
+        self.phases: dict[str, str] = {}  # the first phase seen
+        self._changed = asyncio.Event()
+        self._task = asyncio.create_task(self._run())
+
+    @classmethod
+    async def start(cls, credentials: Credentials, client: KubeClient, path: str) -> PhaseWatch:
+        """A watch from now: from the version of a LIST of ``path`` (one item)."""
+        page = await persist(lambda: client.request("GET", path, params={"limit": 1}), "list")
+        return cls(credentials, path, (page.get("metadata") or {})["resourceVersion"])
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async for event in self.client.watch(self.path, resource_version=self.version):
+                    self._event(event, time.monotonic())
+            except ApiUnavailableError:
+                await asyncio.sleep(0.1)  # resumed from self.version
+
+    def _event(self, event: JSON, now: float) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        meta = obj.get("metadata") or {}
+        if kind == "ERROR":
+            raise RuntimeError(f"watch of {self.path}: {obj.get('message', obj)}")
+        self.version = meta.get("resourceVersion") or self.version
+        if kind not in ("ADDED", "MODIFIED"):
+            return
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        self.added.setdefault(name, now)
+        phase = (obj.get("status") or {}).get("phase")
+        if phase:
+            self.decided.setdefault(name, now)
+            self.phases.setdefault(name, phase)
+        self._changed.set()
+
+    async def wait(self, done: Callable[[], bool], what: str, within: float) -> float:
+        """Until ``done()`` (checked at each event); ``time.monotonic()`` then."""
+        deadline = time.monotonic() + within
+        while not done():
+            if self._task.done():
+                self._task.result()  # raises what ended the watch
+            self._changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{what}: not done after {within:.0f} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, 1.0))
+        return time.monotonic()
+
+    def count(self, prefix: str) -> int:
+        """How many names starting with ``prefix`` ("namespace/name") have a phase."""
+        return sum(1 for name in self.decided if name.startswith(prefix))
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self.client.close()
+
+
 class Results:
     """What has been measured so far, printed and saved as each figure comes in."""
 
@@ -629,8 +705,10 @@ class Run:
                 self.bench.stop_operators()
                 await self.client.close()
 
-    async def phases(self) -> None:
-        bench, client, only = self.bench, self.client, self.args.only
+    async def baseline(self) -> None:
+        """The 20 bench nodes, then B0 after a warm-up: every ratio needs it (other
+        benchmarks call this too, to pair their figures with B0 in the same run)."""
+        bench, client = self.bench, self.client
         core = __import__("kubernetes").client.CoreV1Api(bench.api)
         bench.nodes = [f"bench-node-{i:02d}" for i in range(20)]
         for node in bench.nodes:
@@ -647,6 +725,11 @@ class Run:
             self.results.repeat("B0", "creates_patches_per_s", rate)
             await self.clean(f"B0 run {i + 1}", namespace)
         self.results.finish("B0")
+
+    async def phases(self) -> None:
+        bench, client, only = self.bench, self.client, self.args.only
+        core = __import__("kubernetes").client.CoreV1Api(bench.api)
+        await self.baseline()
         if "b1" in only or "b2" in only:
             await self.b1_b2()
         if "b3" in only:
