@@ -63,14 +63,20 @@ def _b3(b3: dict[str, Any]) -> Row | None:
     timings = _parts(
         b3,
         ("ready_s", "ready {:.1f} s"),
+        ("first_new_decision_s", "first new decision (idle node) {:.1f} s"),
         ("first_admission_s", "first admission {:.1f} s"),
         ("all_decided_s", "all decided {:.1f} s"),
         ("events_drained_s", "Events posted {:.1f} s"),
     )
+    drain = _parts(
+        b3,
+        ("backlog_drain_per_s", "backlog drained at {:,.0f}/s"),
+        ("backlog_drain_ratio_to_B0", "{:.2f} x B0"),
+    )
     process = _parts(b3, ("rss_mb", "RSS {:.0f} MB"), ("idle_cpu_pct", "idle CPU {:.1f} %"))
     if not timings and not process:
         return None
-    return "B3", f"restart with {b3['reservations']:,}", _join(timings, process)
+    return "B3", f"restart with {b3['reservations']:,}", _join(timings, drain, process)
 
 
 def _b4(b4: dict[str, Any]) -> Row | None:
