@@ -77,13 +77,14 @@ sim: venv ## Many more simulation schedules than make test runs (SCHEDULES=20000
 		$(VENV)/bin/pytest tests/unit/test_simulation.py -s $(PYTEST_ARGS)
 
 .PHONY: bench
-bench: venv controlplane controllers ## Benchmarks (not part of test): core ledger and the operator on the local control plane.
+bench: venv controlplane controllers ## Benchmarks (not part of test): core ledger and the operator on the local control plane (PROFILE=1: py-spy the operator in B8).
 	mkdir -p bench/results
 	$(PY) bench/core.py --json bench/results/core.json
 	$(PY) bench/cluster.py $(if $(QUICK),--quick,) --json bench/results/cluster.json
 	$(PY) bench/gates.py $(if $(QUICK),--quick,) --json bench/results/gates.json
 	$(PY) bench/gpus.py $(if $(QUICK),--quick,) --json bench/results/gpus.json
 	$(PY) bench/quotas.py $(if $(QUICK),--quick,) --json bench/results/quotas.json
+	$(PY) bench/fairness.py $(if $(QUICK),--quick,) --json bench/results/fairness.json $(if $(PROFILE),--profile bench/results/profile,)
 
 .PHONY: dev
 dev: venv controlplane ## Local control plane + demo nodes; stays up until Ctrl-C (DEV_ONCE=1: run once, exit).

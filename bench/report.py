@@ -108,6 +108,30 @@ def _b7(b7: dict[str, Any]) -> Row | None:
     return "B7", what, figure
 
 
+def _b8(b8: dict[str, Any]) -> Row | None:
+    """The headline of ``bench/fairness.py``; its own table has every phase."""
+    phases = b8.get("phases") or {}
+    parts = []
+    for phase, figures in phases.items():
+        operator, api = figures.get("operator") or {}, figures.get("api") or {}
+        if "p99_ms" in operator:
+            parts.append(
+                f"{phase}: operator p50/p99 {operator['p50_ms']:.1f}/{operator['p99_ms']:.1f} ms"
+                f" (API {api.get('p50_ms', 0):.1f}/{api.get('p99_ms', 0):.1f})"
+            )
+    ratios = _parts(
+        b8,
+        ("storm_operator_p99_ratio", "storm p99 {:.1f} x quiet (<= 2)"),
+        ("flood_operator_p99_ratio", "flood p99 {:.1f} x quiet (<= 3)"),
+        ("flood_ratio_to_B0", "flood admitted at {:.2f} x B0 (>= 0.5)"),
+    )
+    storm = phases.get("storm") or {}
+    if "reclaimed" in storm:
+        ratios.append(f"storm reclaimed {storm['reclaimed']} (0)")
+    figure = _join(parts, ratios)
+    return ("B8", "noisy neighbour, control tenant", figure) if figure else None
+
+
 _ROWS: dict[str, Callable[[dict[str, Any]], Row | None]] = {
     "B0": _b0,
     "B1": _b1,
@@ -115,6 +139,7 @@ _ROWS: dict[str, Callable[[dict[str, Any]], Row | None]] = {
     "B3": _b3,
     "B4": _b4,
     "B7": _b7,
+    "B8": _b8,
     "B6": _b6,
 }
 
