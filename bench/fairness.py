@@ -28,12 +28,13 @@ kube-apiserver, etcd and this bench (psutil; % of one core over the phase).
 
 ``--profile DIR``: py-spy records the operator through each phase (raw collapsed
 stacks, ``DIR/b8-<phase>.txt``) and the run summarizes where its CPU went: self time
-by area (JSON, aiohttp, TLS, asyncio, logging, each operator module) and the
-operator's functions by inclusive share (``DIR/b8-<phase>.summary.txt``, and in the
-JSON). py-spy samples at 200 Hz; samples whose leaf is a wait (epoll, an idle
-worker thread) are left out, since py-spy lets many through as busy. py-spy is not
-a dev dependency (``pip install py-spy`` into the venv); it needs ptrace (root, or
-CAP_SYS_PTRACE). ``make bench PROFILE=1`` passes ``--profile bench/results/profile``.
+by area (JSON, aiohttp, TLS, asyncio, logging, each operator module) and by function,
+the areas anywhere in the stack (inclusive; those under every sample left out) and
+the operator's functions inclusive (``DIR/b8-<phase>.summary.txt``, and in the JSON).
+py-spy samples at 200 Hz; samples whose leaf is a wait (epoll, an idle worker thread)
+are left out, since py-spy lets many through as busy. py-spy is not a dev dependency
+(``pip install py-spy`` into the venv); it needs ptrace (root, or CAP_SYS_PTRACE).
+``make bench PROFILE=1`` passes ``--profile bench/results/profile``.
 
 Only the API and the operator's /metrics endpoint are used, nothing inside the
 operator. Operator settings: ``heartbeatStaleWindow: 30s`` (quick: 15 s; short, so
@@ -241,6 +242,7 @@ def summarize(raw: str, top: int = 12) -> JSON:
     by_area: Counter[str] = Counter()
     by_function: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
+    areas: Counter[str] = Counter()
     for line in raw.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -257,13 +259,14 @@ def summarize(raw: str, top: int = 12) -> JSON:
         total += count
         by_area[area(leaf)] += count
         by_function[_short(leaf)] += count
-        for own in {
-            _short(f) for f in frames if "/headroom/" in f and not any(e in f for e in ENTRY)
-        }:
-            inclusive[own] += count
+        frames = [f for f in frames if not any(e in f for e in ENTRY)]
+        for function in {_short(f) for f in frames if "/headroom/" in f}:
+            inclusive[function] += count
+        for name in {area(f) for f in frames}:
+            areas[name] += count
 
-    def shares(counter: Counter[str]) -> list[tuple[str, float]]:
-        return [(k, round(v / total * 100, 1)) for k, v in counter.most_common(top)]
+    def shares(counter: Counter[str], most: int = top) -> list[tuple[str, float]]:
+        return [(k, round(v / total * 100, 1)) for k, v in counter.most_common(most)]
 
     return {
         "samples": total,
@@ -271,6 +274,7 @@ def summarize(raw: str, top: int = 12) -> JSON:
         "self_by_area_pct": shares(by_area),
         "self_by_function_pct": shares(by_function),
         "operator_inclusive_pct": shares(inclusive),
+        "inclusive_by_area_pct": shares(Counter({a: n for a, n in areas.items() if n < total})),
     }
 
 
@@ -298,9 +302,10 @@ def render_summary(summary: JSON) -> str:
         ("self_by_area_pct", "self time by area"),
         ("self_by_function_pct", "self time by function"),
         ("operator_inclusive_pct", "operator functions, inclusive"),
+        ("inclusive_by_area_pct", "areas anywhere in the stack (inclusive)"),
     ):
         out.append(f"\n{title}:")
-        out += [f"  {share:5.1f} %  {name}" for name, share in summary[key]]
+        out += [f"  {share:5.1f} %  {name}" for name, share in summary.get(key, [])]
     return "\n".join(out) + "\n"
 
 

@@ -64,6 +64,7 @@ def _b3(b3: dict[str, Any]) -> Row | None:
         b3,
         ("ready_s", "ready {:.1f} s"),
         ("first_new_decision_s", "first new decision (idle node) {:.1f} s"),
+        ("first_new_backlog_left", "{:,} of the backlog undecided then"),
         ("first_admission_s", "first admission {:.1f} s"),
         ("all_decided_s", "all decided {:.1f} s"),
         ("events_drained_s", "Events posted {:.1f} s"),
