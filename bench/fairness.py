@@ -458,6 +458,11 @@ class Fairness(Run):
             "total": quantiles(total),
             "control_phases": dict(phases),
             "control_seconds": round(seconds, 2),
+            # Each create in order: [sent (s from the phase's start), API ms, operator ms].
+            "samples": [
+                [round(sent[n] - start, 3), round(a * 1000, 2), round(o * 1000, 2)]
+                for n, a, o in zip(sent, api, operator, strict=True)
+            ],
         }
 
     @staticmethod
