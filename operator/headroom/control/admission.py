@@ -80,9 +80,7 @@ def fair_order(queued: Iterable[Pending]) -> list[tuple[str, Pending]]:
     by_node: dict[str, deque[Pending]] = {}
     for pending in sorted(queued, key=lambda p: p.order):
         node = spec_targets(pending.obj)[0] or ""
-        flows.setdefault(pending.namespace, OrderedDict()).setdefault(node, deque()).append(
-            pending
-        )
+        flows.setdefault(pending.namespace, OrderedDict()).setdefault(node, deque()).append(pending)
         by_node.setdefault(node, deque()).append(pending)
     order: list[tuple[str, Pending]] = []
     while flows:
