@@ -1,4 +1,4 @@
-"""B8: gated pods, on the local control plane with kube-scheduler, against plain pods.
+"""B11: gated pods, on the local control plane with kube-scheduler, against plain pods.
 
 The operator runs as a process with the webhook on (registered by URL, the chart's
 configuration otherwise); the nodes are Node objects without a kubelet, so what is
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key}: {value}")
     ok = figures["gating_adds_p50_ms"] <= 50 and figures["burst"]["ratio_to_b0"] >= 0.5
     print(
-        f"B8 targets (gating adds ≤ 50 ms at p50; burst ≥ 0.5 × B0): {'met' if ok else 'NOT met'}"
+        f"B11 targets (gating adds ≤ 50 ms at p50; burst ≥ 0.5 × B0): {'met' if ok else 'NOT met'}"
     )
     if args.json:
         write_json(args.json, {"b8": figures, "targets_met": ok})
