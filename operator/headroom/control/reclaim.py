@@ -18,6 +18,9 @@ reads the Reservation and its owner pod from the API, and a heartbeat value it
 had not seen (a watch event it missed or has not received yet) spares the
 reservation. Only a silence confirmed by the API server costs a reservation; if
 the API cannot be asked, the reservation is kept and asked about again shortly.
+At most ``MAX_CHECKS_IN_FLIGHT`` such reads run at once: a thousand reservations
+going silent together must not put a thousand GETs in front of other tenants'
+decision writes.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from headroom.objects.status import Decision
 log = logging.getLogger(__name__)
 _MIN_SLEEP = 0.05
 _RECHECK = timedelta(seconds=2)  # a stale reservation the API could not confirm: asked again
+MAX_CHECKS_IN_FLIGHT = 8
 
 
 class Reclaimer:
@@ -74,6 +78,7 @@ class Reclaimer:
         self._planned: datetime | None = None
         self._deletions: list[tuple[datetime, str, str, str]] = []  # (when, ns, name, uid)
         self._checking: set[str] = set()
+        self._check_room = asyncio.Semaphore(MAX_CHECKS_IN_FLIGHT)
         self._tasks = BackgroundTasks()
 
     # -- the sweeper -------------------------------------------------------------------------
@@ -131,7 +136,8 @@ class Reclaimer:
     async def _confirm_silence(self, record: Record, message: str) -> None:
         """Reclaim as stale only if the API shows no heartbeat the operator has not seen."""
         try:
-            alive = await self._heard_from(record)
+            async with self._check_room:
+                alive = await self._heard_from(record)
         finally:
             self._checking.discard(record.uid)
         state = self._state
