@@ -54,6 +54,7 @@ from typing import Any
 
 import aiohttp
 import psutil
+from cpu import Cpu
 from report import line, table, write_json
 
 from headroom.kube.client import Credentials, KubeClient
@@ -915,11 +916,23 @@ class Run:
         results.figure(
             "B6", nodes=nodes, reservations=reservations, fill_s=time.monotonic() - start
         )
+        assert operator.popen is not None
+        assert bench.plane.apiserver.popen is not None
+        assert bench.plane.etcd.popen is not None
+        pids = {
+            "operator": operator.popen.pid,
+            "kube-apiserver": bench.plane.apiserver.popen.pid,
+            "etcd": bench.plane.etcd.popen.pid,
+        }
+        cpu_runs: list[dict[str, float]] = []
         for i in range(1 if self.args.quick else 2):
             results.begin("B6")
             namespace = await bench.namespace(client)
+            cpu = Cpu(pids)  # who is the bound at this size: the operator or the API server
             rate = await bench.b1_throughput(client, namespace, self.n1, operator)
+            cpu_runs.append(cpu.percent())
             results.repeat("B6", "admissions_per_s", rate)
+            results.figure("B6", cpu_pct=cpu_runs)
             await self.clean(f"B6 run {i + 1}", namespace)
         results.begin("B6")
         assert operator.popen is not None

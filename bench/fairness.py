@@ -78,7 +78,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import psutil
 from cluster import (
     PROGRESS_S,
     Bench,
@@ -93,6 +92,7 @@ from cluster import (
     say,
     until,
 )
+from cpu import Cpu
 from report import table
 
 from headroom.kube.client import KubeClient
@@ -150,38 +150,6 @@ def quantiles(values: list[float]) -> JSON:
         "p99_ms": round(q[98] * 1000, 2),
         "max_ms": round(max(values) * 1000, 2),
     }
-
-
-class Cpu:
-    """CPU time of the processes that share the 2 cores, over one phase."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.processes = {name: psutil.Process(pid) for name, pid in pids.items()}
-        self.start = time.monotonic()
-        self.before = {name: self._seconds(p) for name, p in self.processes.items()}
-        self.machine = self._busy()
-
-    @staticmethod
-    def _busy() -> float:
-        times = psutil.cpu_times()
-        return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
-
-    @staticmethod
-    def _seconds(process: psutil.Process) -> float:
-        times = process.cpu_times()
-        return float(times.user + times.system)
-
-    def percent(self) -> dict[str, float]:
-        """% of one core each used since this was made; ``machine``: every process on
-        the machine (up to 100 x cores), ``others``: the machine less ours (another
-        engineer's tests, say: then the phase was measured on a busier machine)."""
-        wall = time.monotonic() - self.start
-        used = {name: self._seconds(p) - self.before[name] for name, p in self.processes.items()}
-        machine = self._busy() - self.machine
-        shares = {name: round(seconds / wall * 100, 1) for name, seconds in used.items()}
-        shares["machine"] = round(machine / wall * 100, 1)
-        shares["others"] = round(max(0.0, machine - sum(used.values())) / wall * 100, 1)
-        return shares
 
 
 class Profiler:

@@ -85,6 +85,13 @@ def _b4(b4: dict[str, Any]) -> Row | None:
     return ("B4", f"{b4['reservations']:,} go stale at once", parts[0]) if parts else None
 
 
+def _cpu(runs: list[dict[str, float]]) -> str:
+    """The median CPU of each process over the runs, as % of one core."""
+    names = ("operator", "kube-apiserver", "etcd", "others")
+    shares = [f"{statistics.median(run.get(name, 0.0) for run in runs):.0f}" for name in names]
+    return "CPU % operator / apiserver / etcd / others " + " / ".join(shares)
+
+
 def _b6(b6: dict[str, Any]) -> Row | None:
     rates = b6.get("admissions_per_s") or []
     figure = _join(
@@ -92,6 +99,7 @@ def _b6(b6: dict[str, Any]) -> Row | None:
         _parts(b6, ("ratio_to_B0", "{:.2f} x B0")),
         _parts(b6, ("rss_mb", "RSS {:.0f} MB")),
         _parts(b6, ("fill_s", "filled in {:.0f} s")),
+        [_cpu(b6["cpu_pct"])] if b6.get("cpu_pct") else [],
     )
     if not figure:
         return None
