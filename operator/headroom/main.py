@@ -161,7 +161,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
             settings=settings,
             clusterwide=True,
             standalone=True,
-            memo=kopf.Memo(controller=controller),
+            memo=kopf.Memo(controller=controller, stop=stop),
             stop_flag=stop,
             # kopf's Identity is a NewType of str it does not export.
             identity=identity,  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ where they would race the single-threaded ledger.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -53,6 +54,11 @@ def build_registry(credentials: Credentials) -> kopf.OperatorRegistry:
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await controller_of(memo).stop()
+        # kopf waits for its task watching the stop flag (up to 5 s) when it stops for
+        # another reason (a signal): raise the flag, and it ends at once.
+        stop = memo.get("stop")
+        if isinstance(stop, asyncio.Event):
+            stop.set()
 
     return registry
 
