@@ -1,7 +1,7 @@
 """One tenant's load does not hold back another's decisions (issue 22), on the real control plane.
 
 What is asserted cannot be timing noise: orders of magnitude apart, not
-milliseconds. A flood's backlog of 1,200 undecided reservations takes seconds
+milliseconds. A flood's backlog of 800 undecided reservations takes seconds
 to write; a quiet tenant's one reservation created after all of them is decided
 while most of the backlog is still undecided (served first come first served,
 it was decided last). A heartbeat storm on another tenant's admitted
@@ -23,10 +23,9 @@ from kubernetes import client
 
 from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
 
 Start = Callable[..., OperatorProcess]
-FLOOD = 1200
+FLOOD = 800
 FLOOD_NODES = 4
 
 
@@ -57,16 +56,28 @@ def test_a_quiet_tenant_is_decided_while_a_flood_backlog_is_still_being_written(
                 range(FLOOD),
             )
         )
-    run_operator(config)
+    operator = run_operator(config)
     rsv.create(custom, namespace, "mine", quiet_node, 1024)
     assert rsv.wait_for(custom, namespace, "mine", timeout=60)["status"]["phase"] == "Admitted"
     undecided = phases(custom, flood).count(None)
     assert undecided >= FLOOD // 2, f"only {undecided} of {FLOOD} were still undecided"
 
-    def all_decided() -> None:
-        assert phases(custom, flood) == ["Admitted"] * FLOOD
-
-    eventually(all_decided, timeout=180)
+    # The backlog is then decided too, all of it (checked gently: a LIST of the whole
+    # backlog is load on the same API server that has to take its writes).
+    deadline = time.monotonic() + 300
+    while (left := phases(custom, flood)) != ["Admitted"] * FLOOD:
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{left.count(None)} of {FLOOD} still undecided after 5 min; operator log:\n"
+                + operator.tail(60)
+                + "\n"
+                + "\n".join(
+                    line
+                    for line in operator.get("/metrics")[1].splitlines()
+                    if line.startswith(("headroom_decisions", "headroom_status", "headroom_events"))
+                )
+            )
+        time.sleep(2)
 
 
 def test_a_heartbeat_storm_reclaims_nothing_and_holds_back_no_one(
