@@ -38,6 +38,7 @@ from headroom.control.writer import StatusWriter
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON
 from headroom.ledger import Entry
+from headroom.logs import about
 from headroom.objects.pods import owning_pod_uid
 from headroom.objects.reservations import (
     decision_essentials,
@@ -199,7 +200,12 @@ class Admission:
             try:
                 self._decide(pending)
             except Exception as error:  # one reservation must not stop the others
-                log.exception("deciding %s/%s failed", pending.namespace, pending.name)
+                log.exception(
+                    "deciding %s/%s failed",
+                    pending.namespace,
+                    pending.name,
+                    extra=about(pending.namespace, pending.name, pending.uid, node),
+                )
                 self._refuse(pending, Reason.INVALID_SPEC, f"could not be decided: {error}")
         if decided & self._state.room_nodes:
             self._wake.set()  # waiters held back behind these may go now
@@ -249,7 +255,11 @@ class Admission:
                 # undecided: were it the one that exists after all (created in the same
                 # second, the held one's deletion lost), the next resync, not finding the
                 # held one, forgets it and decides this one.
-                log.info("%s: an earlier incarnation, not decided", entry.id)
+                log.info(
+                    "%s: an earlier incarnation, not decided",
+                    entry.id,
+                    extra=about(pending.namespace, pending.name, pending.uid, entry.node),
+                )
                 return
             # Deleted and created again while its DELETED event was lost: the old one is gone.
             state.forget(namesake.uid, self._clock.monotonic())

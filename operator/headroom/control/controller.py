@@ -429,7 +429,11 @@ class Controller:
         present = {(o.get("metadata") or {}).get("uid") for o in reservations}
         for uid, record in list(self.state.records.items()):
             if uid not in present and record.seen_at < started:
-                log.warning("resync: %s is gone but was still remembered", record.entry_id)
+                log.warning(
+                    "resync: %s is gone but was still remembered",
+                    record.entry_id,
+                    extra=record.about,
+                )
                 self.reconciler.forget(uid)
         for obj in reservations:
             self.reconciler.reconcile(obj, listed_at=started)

@@ -45,6 +45,7 @@ from headroom.control.writer import StatusWriter
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
 from headroom.kube.transport import ApiError, ApiUnavailableError, Transport
+from headroom.logs import about
 from headroom.objects.reservations import heartbeat_value
 from headroom.objects.status import Decision
 
@@ -114,7 +115,12 @@ class Reclaimer:
         for due in state.ledger.due(now):
             record = state.held_record(due.entry.id)
             if record is None:  # cannot happen: every ledger entry has its record
-                log.error("ledger entry %s has no record; released", due.entry.id)
+                namespace, name = due.entry.id.split("/", 1)
+                log.error(
+                    "ledger entry %s has no record; released",
+                    due.entry.id,
+                    extra=about(namespace, name, node=due.entry.node),
+                )
                 state.ledger.release(due.entry.id)
             elif not self._may_act():
                 state.ledger.postpone(due.entry.id, now + _RECHECK)
@@ -247,12 +253,23 @@ class Reclaimer:
                     self._on_gone(uid)
                     return
                 if not error.retriable:
-                    log.warning("reclaimed %s/%s not deleted: %s", namespace, name, error)
+                    log.warning(
+                        "reclaimed %s/%s not deleted: %s",
+                        namespace,
+                        name,
+                        error,
+                        extra=about(namespace, name, uid),
+                    )
                     return
             except ApiUnavailableError:
                 pass
             await asyncio.sleep(backoff.next())
-        log.warning("reclaimed %s/%s not deleted; the next start tries again", namespace, name)
+        log.warning(
+            "reclaimed %s/%s not deleted; the next start tries again",
+            namespace,
+            name,
+            extra=about(namespace, name, uid),
+        )
 
     async def stop(self) -> None:
         await self._tasks.stop()

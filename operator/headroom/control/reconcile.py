@@ -33,8 +33,14 @@ from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON
 from headroom.ledger import Entry
+from headroom.logs import about
 from headroom.objects.pods import owning_pod_uid
-from headroom.objects.reservations import heartbeat_value, optional_time, reservation_entry
+from headroom.objects.reservations import (
+    heartbeat_value,
+    optional_time,
+    reservation_entry,
+    spec_targets,
+)
 from headroom.objects.stamp import Verdict
 from headroom.objects.status import Decision, decision_of, reservation_ref
 
@@ -185,7 +191,12 @@ class Reconciler:
         try:
             entry = reservation_entry(obj, self._clock.now())
         except ValueError as error:  # cannot happen for a spec we admitted
-            log.error("%s admitted but unreadable (%s); decided again", record.entry_id, error)
+            log.error(
+                "%s admitted but unreadable (%s); decided again",
+                record.entry_id,
+                error,
+                extra=record.about,
+            )
             self._admission.submit(obj)
             return
         record.node, record.pod = entry.node, entry.owner.pod
@@ -202,7 +213,11 @@ class Reconciler:
         if self._restoring is not None:
             self._restoring.append((entry, record))
         else:
-            log.warning("%s: a trusted admission not held here; held again", record.entry_id)
+            log.warning(
+                "%s: a trusted admission not held here; held again",
+                record.entry_id,
+                extra=record.about,
+            )
             self._restore([(entry, record)])
             self._reclaimer.nearer_deadline()
 
@@ -270,6 +285,7 @@ class Reconciler:
             meta["namespace"],
             meta["name"],
             status.get("phase"),
+            extra=about(meta["namespace"], meta["name"], uid, spec_targets(obj)[0]),
         )
         self._events.record(
             reservation_ref(meta["namespace"], meta["name"], uid),

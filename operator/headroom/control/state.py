@@ -27,6 +27,7 @@ from typing import Any
 from headroom.api.limits import Limits
 from headroom.api.reasons import Phase
 from headroom.ledger import Ledger
+from headroom.logs import about
 from headroom.objects.pods import NodeFacts
 from headroom.objects.stamp import Stamper
 from headroom.objects.status import Decision
@@ -65,6 +66,11 @@ class Record:
     @property
     def held(self) -> bool:
         return self.decision.phase == Phase.ADMITTED
+
+    @property
+    def about(self) -> dict[str, Any]:
+        """``extra=`` for a log line about this reservation (its fields in JSON logs)."""
+        return about(self.namespace, self.name, self.uid, self.node)
 
 
 def pod_key(obj: JSON) -> PodKey:

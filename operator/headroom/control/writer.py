@@ -130,7 +130,9 @@ class StatusWriter:
         again: float | None = None
         if not task.cancelled():
             if (error := task.exception()) is not None:  # a bug: the resync writes it again
-                log.error("writing the status of %s failed", uid, exc_info=error)
+                record = self._state.records.get(uid)
+                fields = record.about if record is not None else None
+                log.error("writing the status of %s failed", uid, exc_info=error, extra=fields)
             else:
                 again = task.result()
         if again is None:
@@ -194,7 +196,13 @@ class StatusWriter:
         if backoff is None:
             backoff = self._backoffs[uid] = Backoff(base=0.2, cap=30.0, rng=self._rng)
         delay = backoff.next()
-        log.warning("status of %s not confirmed (%s); again in %.1fs", uid, failure, delay)
+        log.warning(
+            "%s: status not confirmed (%s); again in %.1fs",
+            record.entry_id,
+            failure,
+            delay,
+            extra=record.about,
+        )
         return delay
 
     def _beat_of(self, record: Record) -> datetime | None:
@@ -224,6 +232,7 @@ class StatusWriter:
                 record.name,
                 record.decision.phase,
                 error,
+                extra=record.about,
             )
             self._state.drop(record.uid)
             return
@@ -233,6 +242,7 @@ class StatusWriter:
             record.name,
             record.decision.phase,
             error,
+            extra=record.about,
         )
 
     # -- heartbeats in status (informational) ------------------------------------------------
