@@ -361,6 +361,7 @@ def test_the_quota_roles_and_their_bindings(value: str, role: str, verbs: list[s
         ("replicas=3", "replicas"),
         ("metrics.port=0", "port"),
         ("logLevel=LOUD", "logLevel"),
+        ("logFormat=xml", "logFormat"),
         ("nodeHeadroomReaders.groups=ml-team", "/nodeHeadroomReaders/groups"),
         ("nodeHeadroomReaders.users[0]=", "/nodeHeadroomReaders/users/0"),
         ("nodeHeadroomReaders.serviceAccounts[0].name=placer", "missing property 'namespace'"),
@@ -703,3 +704,4 @@ def test_the_container_runs_the_images_entrypoint_with_the_charts_args() -> None
     assert program == "headroom"
     args = _parser("headroom", with_run=True).parse_args(argv)  # SystemExit(2) if not
     assert args.config == "/etc/headroom/config.yaml"
+    assert (args.log_level, args.log_format) == ("INFO", "text")
