@@ -107,10 +107,12 @@ def run_operator(
     """Start the operator as a subprocess with a config; stopped after the test."""
     started: list[OperatorProcess] = []
 
-    def start(config: dict[str, Any] | None = None, wait_ready: bool = True) -> OperatorProcess:
+    def start(
+        config: dict[str, Any] | None = None, wait_ready: bool = True, args: tuple[str, ...] = ()
+    ) -> OperatorProcess:
         workdir = tmp_path / f"operator-{len(started)}"
         workdir.mkdir()
-        process = OperatorProcess(control_plane.kubeconfig, workdir, config)
+        process = OperatorProcess(control_plane.kubeconfig, workdir, config, args)
         started.append(process)
         return process.start(wait_ready=wait_ready)
 

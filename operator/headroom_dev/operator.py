@@ -21,8 +21,16 @@ from headroom_dev.controlplane import free_port
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, workdir: Path, config: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        kubeconfig: Path,
+        workdir: Path,
+        config: dict[str, Any] | None = None,
+        args: tuple[str, ...] = (),
+    ):
+        """``args``: more of ``headroom run``'s flags (``--log-format=json``)."""
         self.kubeconfig = kubeconfig
+        self.args = args
         self.workdir = workdir
         self.port = free_port()
         self.config = {**(config or {}), "metricsPort": self.port, "metricsHost": "127.0.0.1"}
@@ -35,7 +43,15 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "headroom", "run", "--config", str(self.config_path)],
+                [
+                    sys.executable,
+                    "-m",
+                    "headroom",
+                    "run",
+                    "--config",
+                    str(self.config_path),
+                    *self.args,
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
