@@ -5,6 +5,7 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements ./requirements
 COPY operator ./operator
 COPY hack/image/install.sh /usr/local/bin/headroom-install
 RUN headroom-install build /src /wheels

@@ -14,16 +14,24 @@ PYTEST_ARGS ?=
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Python 3.11+ is required" >&2; exit 1; }
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt  # the lock: exact versions
+	$(PY) -m pip install --quiet --no-deps -e .
 	rm -f $(VENV)/.installed-* && touch $@
 
 .PHONY: venv
 venv: $(STAMP) ## Create the virtualenv with the operator and its dev tools.
+
+LOCK := $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-index-url --no-emit-find-links
+.PHONY: lock
+lock: venv ## Pin every dependency again (requirements/*.txt, with hashes) after pyproject.toml changed.
+	$(LOCK) --output-file requirements/runtime.txt pyproject.toml
+	$(LOCK) --extra dev --output-file requirements/dev.txt pyproject.toml
 
 .PHONY: controlplane
 controlplane: ## Build (or reuse) kube-apiserver, kubectl and etcd from their Go modules.
