@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from tests.integration.test_chart import CHART, helm, render
 
 
@@ -71,3 +73,28 @@ def test_bad_values_are_refused_naming_the_value() -> None:
         result = helm("template", "hr", str(CHART), "--set-json", value)
         assert result.returncode != 0, value
         assert named in result.stderr, (value, result.stderr)
+
+
+def test_an_existing_decision_key_is_used_and_secrets_are_never_created() -> None:
+    objects = render('decisionKey={"enabled": true, "existingSecret": "corp-key"}')
+    (config_map,) = [
+        d for d in objects if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {})
+    ]
+    key = yaml.safe_load(config_map["data"]["config.yaml"])["decisionKey"]
+    assert (key["secretName"], key["create"]) == ("corp-key", False)
+    (role,) = [
+        d for d in objects if d["kind"] == "Role" and "decision-key" in d["metadata"]["name"]
+    ]
+    assert [r["verbs"] for r in role["rules"]] == [["get", "patch"]]
+    assert role["rules"][0]["resourceNames"] == ["corp-key"]
+
+
+def test_the_key_the_operator_creates_carries_the_release_labels() -> None:
+    objects = render()
+    (config_map,) = [
+        d for d in objects if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {})
+    ]
+    key = yaml.safe_load(config_map["data"]["config.yaml"])["decisionKey"]
+    assert key["create"] is True
+    assert key["labels"]["app.kubernetes.io/instance"] == "headroom"
+    assert key["labels"]["app.kubernetes.io/managed-by"] == "Helm"

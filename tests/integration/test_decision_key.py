@@ -117,3 +117,39 @@ def test_turning_the_key_on_for_an_existing_install_keeps_its_decisions(
     adopted_mark(core, namespace, secret, "true")
     key = base64.b64decode(core.read_namespaced_secret(secret, namespace).data["decision-key"])
     assert len(key) == 32
+
+
+def test_a_created_key_carries_the_labels_and_an_existing_one_is_never_created(
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+) -> None:
+    labels = {"app.kubernetes.io/instance": "ops", "app.kubernetes.io/managed-by": "Helm"}
+    made = run_operator(
+        {"decisionKey": {"enabled": True, "namespace": namespace, "labels": labels}}
+    )
+    secret = core.read_namespaced_secret("headroom-decision-key", namespace)
+    assert labels.items() <= (secret.metadata.labels or {}).items()
+    made.stop()
+
+    # Made elsewhere (create: false): while it is missing the operator does not start.
+    external = {"enabled": True, "namespace": namespace, "secretName": "corp", "create": False}
+    waiting = run_operator({"decisionKey": external}, wait_ready=False)
+    time.sleep(3)
+    status, _ = waiting.get("/readyz")
+    assert status != 200
+    assert f"decision key Secret {namespace}/corp not found" in waiting.tail(400)
+    waiting.stop()
+    names = {s.metadata.name for s in core.list_namespaced_secret(namespace).items}
+    assert "corp" not in names  # never created
+
+    key = base64.b64encode(bytes(range(32))).decode()
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "corp"}, "data": {"decision-key": key}}
+    )
+    run_operator({"decisionKey": external})
+    node = make_node(f"key-{uuid.uuid4().hex[:6]}", memory="5Gi").metadata.name
+    rsv.create(custom, namespace, "stamped", node, 1024)
+    assert rsv.wait_for(custom, namespace, "stamped")["status"]["phase"] == "Admitted"

@@ -33,6 +33,12 @@ app.kubernetes.io/name: {{ include "headroom.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The decision key's Secret: existingSecret, else <fullname>-decision-key (the
+operator creates it, labelled as the release). */}}
+{{- define "headroom.decisionKeySecret" -}}
+{{- default (printf "%s-decision-key" (include "headroom.fullname" .)) .Values.decisionKey.existingSecret -}}
+{{- end -}}
+
 {{- define "headroom.serviceAccountName" -}}
 {{- default (include "headroom.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}

@@ -137,6 +137,16 @@ class DecisionKeyConfig(BaseModel):
     namespace: str | None = Field(
         None, description="Namespace of the Secret; default $POD_NAMESPACE, else 'default'."
     )
+    create: StrictBool = Field(
+        True,
+        description=(
+            "Create the Secret when it is missing. False: it must exist (made by the "
+            "platform's own secret management); the operator does not start without it."
+        ),
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels of the Secret the operator creates."
+    )
 
 
 class QueueingConfig(BaseModel):

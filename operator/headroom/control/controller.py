@@ -229,7 +229,13 @@ class Controller:
         adoption = None
         if key_config.enabled:
             namespace = self._key_namespace()
-            key = await load_key(self.transport, namespace, key_config.secret_name)
+            key = await load_key(
+                self.transport,
+                namespace,
+                key_config.secret_name,
+                create=key_config.create,
+                labels=key_config.labels,
+            )
             self.state.stamper = Stamper(key.key, adopting=key.adopting)
             if key.adopting:
                 adoption = Adoption(

@@ -26,8 +26,21 @@ from headroom.objects.stamp import ADOPTED_ANNOTATION, KEY_FIELD, DecisionKey
 log = logging.getLogger(__name__)
 
 
-async def load_key(transport: Transport, namespace: str, name: str) -> DecisionKey:
-    """The key from Secret ``namespace/name``, created with 32 random bytes if absent."""
+class MissingKeyError(RuntimeError):
+    """The decision key's Secret is absent and the operator may not create it."""
+
+
+async def load_key(
+    transport: Transport,
+    namespace: str,
+    name: str,
+    *,
+    create: bool = True,
+    labels: dict[str, str] | None = None,
+) -> DecisionKey:
+    """The key from Secret ``namespace/name``; if absent, created with 32 random bytes
+    and ``labels`` (the release's, so that it is found and listed with it), or, with
+    ``create`` false, :class:`MissingKeyError`."""
     path = resource_path("", "v1", "secrets", namespace)
     for _ in range(3):
         try:
@@ -39,10 +52,20 @@ async def load_key(transport: Transport, namespace: str, name: str) -> DecisionK
         except ApiError as error:
             if not error.not_found:
                 raise
+        if not create:
+            raise MissingKeyError(
+                f"decision key Secret {namespace}/{name} not found, and decisionKey.create "
+                f"is false: create it with a '{KEY_FIELD}' field of 32 random bytes"
+            )
+        metadata = {
+            "name": name,
+            "labels": dict(labels or {}),
+            "annotations": {ADOPTED_ANNOTATION: "false"},
+        }
         body = {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": name, "annotations": {ADOPTED_ANNOTATION: "false"}},
+            "metadata": metadata,
             "type": "Opaque",
             "data": {KEY_FIELD: base64.b64encode(secrets.token_bytes(32)).decode()},
         }
