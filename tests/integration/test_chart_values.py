@@ -98,3 +98,27 @@ def test_the_key_the_operator_creates_carries_the_release_labels() -> None:
     assert key["create"] is True
     assert key["labels"]["app.kubernetes.io/instance"] == "headroom"
     assert key["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+
+
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingWebhookConfiguration",
+    "FlowSchema",
+    "PriorityLevelConfiguration",
+}
+
+
+def test_two_releases_in_two_namespaces_share_no_cluster_scoped_name() -> None:
+    def names(release: str, namespace: str) -> set[tuple[str, str]]:
+        result = helm("template", release, str(CHART), "--namespace", namespace)
+        assert result.returncode == 0, result.stderr
+        return {
+            (d["kind"], d["metadata"]["name"])
+            for d in yaml.safe_load_all(result.stdout)
+            if d and d["kind"] in CLUSTER_SCOPED
+        }
+
+    first, second = names("gpu-a", "team-a"), names("gpu-b", "team-b")
+    assert {kind for kind, _ in first} >= {"ClusterRole", "ClusterRoleBinding", "FlowSchema"}
+    assert not first & second, sorted(first & second)
