@@ -20,9 +20,10 @@ from kubernetes import client
 
 from headroom_dev.apply import api_client as api_client_for
 from headroom_dev.apply import install_crds
-from headroom_dev.controlplane import ControlPlane, binary
+from headroom_dev.controlplane import ControlPlane
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
+from headroom_dev.process import kubectl_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CRDS = ROOT / "crds"
@@ -156,16 +157,4 @@ def crds(api_client: client.ApiClient) -> list[str]:
 @pytest.fixture(scope="session")
 def kubectl(control_plane: ControlPlane) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run the built kubectl as the admin: ``kubectl("get", "rsv", input=yaml_text)``."""
-    binary_path = str(binary("kubectl"))
-
-    def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [binary_path, f"--kubeconfig={control_plane.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    return run
+    return kubectl_for(control_plane.kubeconfig)

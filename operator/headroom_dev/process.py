@@ -42,6 +42,23 @@ def binary(name: str, build: str = "make controlplane") -> Path:
     return path
 
 
+def kubectl_for(kubeconfig: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``run("get", "rsv", input=yaml_text)``: the built kubectl with ``kubeconfig``."""
+    path = str(binary("kubectl"))
+
+    def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [path, f"--kubeconfig={kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    return run
+
+
 def free_port() -> int:
     """A loopback TCP port that is free right now."""
     with socket.socket() as sock:

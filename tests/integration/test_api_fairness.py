@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 import yaml
 
-from headroom_dev.controlplane import ControlPlane, binary
+from headroom_dev.controlplane import ControlPlane
+from headroom_dev.process import kubectl_for
 from tests.integration.apf_support import Answer, Identity, metric, probe, rate, run_all
 from tests.integration.polling import eventually
 from tests.integration.test_chart import (
@@ -72,17 +73,7 @@ def plane() -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="module")
 def kubectl_on(plane: ControlPlane) -> Kubectl:
-    def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(binary("kubectl")), f"--kubeconfig={plane.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    return run
+    return kubectl_for(plane.kubeconfig)
 
 
 @pytest.fixture(scope="module")
