@@ -40,6 +40,7 @@ CHART_DECISION_KEY = {
     "enabled": True,
     "namespace": NAMESPACE,
     "secretName": "headroom-decision-key",
+    "create": True,  # no decisionKey.existingSecret
 }
 OPERATOR_GROUPS = ("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}")
 Kubectl = Callable[..., CompletedProcess[str]]
@@ -157,6 +158,8 @@ def test_leader_election_render() -> None:
         next(d for d in docs if d["metadata"]["name"] == "headroom-config")["data"]["config.yaml"]
     )
     assert config["leaderElection"]["enabled"] is True
+    labels = config["decisionKey"].pop("labels")  # the key's Secret is labelled as the release
+    assert labels == by_kind["Deployment"]["metadata"]["labels"]
     assert config["decisionKey"] == CHART_DECISION_KEY
     names = {f"{d['kind']}/{d['metadata']['name']}" for d in render()}
     assert "Role/headroom-leader-election" not in names
