@@ -45,6 +45,8 @@ NODE_CONTROLLERS = (
     "node-lifecycle-controller",
     "job-controller",
     "endpointslice-controller",
+    # A PodDisruptionBudget's status (disruptionsAllowed), which every eviction reads.
+    "disruption-controller",
 )
 """For a plane with a real kubelet (:mod:`headroom_dev.kubelet`): the node-lifecycle
 controller lifts the not-ready taint once the kubelet reports Ready, and Jobs run;

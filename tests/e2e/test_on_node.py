@@ -28,6 +28,7 @@ from kubernetes import client
 from headroom.api.constants import GROUP, VERSION
 from headroom_dev.apply import api_client
 from headroom_dev.cluster import (
+    CHART,
     RELEASE,
     RELEASE_NAMESPACE,
     WORKER,
@@ -35,6 +36,7 @@ from headroom_dev.cluster import (
     claiming_pod_spec,
     worker_access,
 )
+from headroom_dev.process import kubectl_for
 from tests.integration.polling import eventually
 
 TEAM = "team"
@@ -139,17 +141,21 @@ def pod(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_chart_runs_the_operator_in_cluster(cluster: NodeCluster) -> None:
-    (operator,) = operator_pods(cluster)
-    spec = operator["spec"]
-    (container,) = spec["containers"]
-    assert container["image"] == cluster.image
-    assert spec["serviceAccountName"] == RELEASE
-    assert spec["nodeName"] == cluster.node.name  # placed by kube-scheduler
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert spec["securityContext"]["runAsUser"] == 65532
-    # In-cluster config: no kubeconfig anywhere, the projected token is mounted.
-    assert not any(e["name"] == "KUBECONFIG" for e in container.get("env", []))
-    assert any(v.get("projected") for v in spec["volumes"])
+    operators = operator_pods(cluster)
+    assert len(operators) == 2, [p["metadata"]["name"] for p in operators]  # HA by default
+    for operator in operators:
+        spec = operator["spec"]
+        (container,) = spec["containers"]
+        assert container["image"] == cluster.image
+        assert spec["serviceAccountName"] == RELEASE
+        assert spec["nodeName"] == cluster.node.name  # placed by kube-scheduler
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert spec["securityContext"]["runAsUser"] == 65532
+        # In-cluster config: no kubeconfig anywhere, the projected token is mounted.
+        assert not any(e["name"] == "KUBECONFIG" for e in container.get("env", []))
+        assert any(v.get("projected") for v in spec["volumes"])
+        assert _ready(operator), operator["status"]
+    eventually(lambda: _leader(cluster), timeout=30)  # exactly one holds the Lease
     whoami = cluster.kubectl(
         "auth", "whoami", f"--as=system:serviceaccount:{RELEASE_NAMESPACE}:{RELEASE}", "-o", "json"
     )
@@ -322,6 +328,41 @@ def test_the_garbage_collector_deletes_a_node_headroom_with_its_node(cluster: No
     eventually(collected, timeout=60)
 
 
+def test_a_drain_keeps_one_ready_replica_and_a_decider(
+    cluster: NodeCluster, heartbeats: Heartbeats
+) -> None:
+    """The PodDisruptionBudget (minAvailable 1) holds against `kubectl drain`: the node
+    is the only one, so an evicted replica's successor cannot be placed, and the drain
+    must give up rather than evict the last replica. That one decides."""
+    node = cluster.node.name
+    eventually(lambda: _disruptions_allowed(cluster, 1), timeout=30)
+    leader = _leader(cluster)
+    try:
+        drained = kubectl_for(cluster.plane.kubeconfig)(
+            "drain", node, "--ignore-daemonsets", "--delete-emptydir-data",
+            "--pod-selector=app.kubernetes.io/name=headroom", "--timeout=25s",
+        )  # fmt: skip
+        assert drained.returncode != 0, drained.stdout  # the budget refused an eviction
+        assert "disruption budget" in drained.stderr + drained.stdout, drained.stderr
+        running = [p for p in operator_pods(cluster) if p["status"].get("phase") == "Running"]
+        assert len(running) == 1, [p["metadata"]["name"] for p in running]
+        # The evicted one may have been the leader: then the standby took over.
+        survivor = eventually(lambda: _leader(cluster), timeout=60)
+        assert survivor == running[0]["metadata"]["name"], (survivor, leader)
+        heartbeats.names.add("during-drain")
+        cluster.apply([reservation("during-drain", node, 64)])
+        eventually(lambda: admitted(cluster, "during-drain"), timeout=60)
+    finally:
+        cluster.kubectl("uncordon", node)
+
+    def both_ready() -> None:
+        pods = operator_pods(cluster)
+        assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
+        assert all(_ready(p) for p in pods), [p["status"] for p in pods]
+
+    eventually(both_ready, timeout=120)
+
+
 def test_helm_upgrade_keeps_every_decision_and_the_standby_takes_over(
     cluster: NodeCluster, heartbeats: Heartbeats
 ) -> None:
@@ -333,22 +374,29 @@ def test_helm_upgrade_keeps_every_decision_and_the_standby_takes_over(
     before = _decisions(cluster)
     assert before["too-big"] == ("Rejected", "InsufficientRAM")
     assert before["silent"] == ("Reclaimed", "HeartbeatStale")
-    (old,) = operator_pods(cluster)
-    took = cluster.install(
-        {
-            "replicas": 2,
-            "leaderElection": {"enabled": True},
-            "config": {**VALUES["config"], "summaryInterval": "2s"},
-        },
-        upgrade=True,
-    )
-    print(f"helm upgrade -> 2 replicas Ready {took:.1f}s")
+    old = {p["metadata"]["name"] for p in operator_pods(cluster)}
+    # Claims keep arriving during the rolling update; the Lease is sampled throughout.
+    rolling = RollingWatch(cluster, heartbeats)
+    try:
+        took = cluster.install(
+            {"config": {**VALUES["config"], "summaryInterval": "2s"}}, upgrade=True
+        )
+    finally:
+        rolling.stop()
+    print(f"helm upgrade -> 2 new replicas Ready {took:.1f}s; {rolling.report()}")
     pods = operator_pods(cluster)
     assert len(pods) == 2
-    assert old["metadata"]["name"] not in [p["metadata"]["name"] for p in pods]
+    assert not old & {p["metadata"]["name"] for p in pods}, old
     config = cluster.get("configmap", f"{RELEASE}-config", "-n", RELEASE_NAMESPACE)
     assert "summaryInterval: 2s" in json.dumps(config["data"])
-    assert _decisions(cluster) == before  # nothing re-decided, nothing lost
+    assert {k: v for k, v in _decisions(cluster).items() if k in before} == before
+    # Every claim made during the rollout is decided, once, by a leader of the moment.
+    for name in rolling.created:
+        eventually(lambda name=name: admitted(cluster, name), timeout=60)
+    assert rolling.holders_without_pod == [], rolling.holders_without_pod
+    # The Lease was never left to expire: each leader handed it on as it stopped.
+    assert rolling.longest_gap < 10, rolling.report()
+    before = _decisions(cluster)
 
     leader = eventually(lambda: _leader(cluster), timeout=30)
     after_upgrade = [f"after-upgrade-{i}" for i in range(5)]
@@ -412,6 +460,41 @@ def test_probes_limits_and_read_only_root_hold_under_load(
     assert "Read-only file system" in probe, probe
 
 
+def test_a_second_release_in_another_namespace_does_not_collide(
+    cluster: NodeCluster, heartbeats: Heartbeats
+) -> None:
+    """Its cluster-scoped objects carry its own name; with replicas: 0 (the documented way
+    to keep one beside the running release) it neither decides nor gates, and removing it
+    leaves the first release's roles, webhook and decisions alone."""
+    second, namespace = "headroom-b", "headroom-b"
+    path = cluster.plane.workdir / "second-values.yaml"
+    path.write_text(json.dumps({"replicas": 0, "crds": {"install": False}}))
+    cluster.helm(
+        "install", second, str(CHART), "-n", namespace, "--create-namespace", "-f", str(path),
+        "--wait", "--timeout", "120s",
+    )  # fmt: skip
+    try:
+        ours = _cluster_scoped(cluster, RELEASE)
+        theirs = _cluster_scoped(cluster, second)
+        assert ours
+        assert theirs
+        assert not ours & theirs, ours & theirs
+        assert all(name.split("/", 1)[1].startswith(second) for name in theirs), theirs
+        heartbeats.names.add("beside-second")
+        cluster.apply([reservation("beside-second", cluster.node.name, 64)])
+        eventually(lambda: admitted(cluster, "beside-second"), timeout=30)
+        assert cluster.get("pods", "-n", namespace)["items"] == []
+        # Not the second's webhook (there is none): the first's still gates and answers.
+        hooks = cluster.get("mutatingwebhookconfigurations")["items"]
+        assert [h["metadata"]["name"] for h in hooks] == [RELEASE], hooks
+    finally:
+        cluster.helm("uninstall", second, "-n", namespace, "--wait")
+    assert _cluster_scoped(cluster, RELEASE) == ours
+    heartbeats.names.add("after-second")
+    cluster.apply([reservation("after-second", cluster.node.name, 64)])
+    eventually(lambda: admitted(cluster, "after-second"), timeout=30)
+
+
 def test_helm_uninstall_keeps_the_crds_and_every_reservation(cluster: NodeCluster) -> None:
     before = _decisions(cluster)
     cluster.helm("uninstall", RELEASE, "-n", RELEASE_NAMESPACE, "--wait")
@@ -422,6 +505,80 @@ def test_helm_uninstall_keeps_the_crds_and_every_reservation(cluster: NodeCluste
 
 
 # -- helpers --------------------------------------------------------------------------
+
+
+class RollingWatch:
+    """During a rollout: a new claim every half second, and the Lease's holder sampled
+    as often, with how long no pod held it."""
+
+    def __init__(self, cluster: NodeCluster, heartbeats: Heartbeats) -> None:
+        self.created: list[str] = []
+        self.holders_without_pod: list[str] = []
+        self.holders: set[str] = set()
+        self.longest_gap = 0.0
+        self._cluster, self._heartbeats = cluster, heartbeats
+        self._api = api_client(cluster.plane.kubeconfig)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        coordination, core = client.CoordinationV1Api(self._api), client.CoreV1Api(self._api)
+        custom = client.CustomObjectsApi(self._api)
+        held_since = time.monotonic()
+        while not self._stop.wait(0.5):
+            name = f"rolling-{len(self.created)}"
+            self._heartbeats.names.add(name)
+            body = reservation(name, self._cluster.node.name, 16)
+            with contextlib.suppress(client.ApiException):
+                custom.create_namespaced_custom_object(GROUP, VERSION, TEAM, "reservations", body)
+                self.created.append(name)
+            lease = coordination.read_namespaced_lease(RELEASE, RELEASE_NAMESPACE).spec
+            pods = core.list_namespaced_pod(
+                RELEASE_NAMESPACE, label_selector="app.kubernetes.io/name=headroom"
+            ).items
+            holder = lease.holder_identity or ""
+            renewed = lease.renew_time
+            fresh = renewed is not None and (
+                (datetime.now(UTC) - renewed).total_seconds() < (lease.lease_duration_seconds or 15)
+            )
+            if holder and fresh:
+                self.holders.add(holder)
+                if not any(holder.startswith(p.metadata.name + "-") for p in pods):
+                    self.holders_without_pod.append(holder)
+                held_since = time.monotonic()
+            self.longest_gap = max(self.longest_gap, time.monotonic() - held_since)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._api.close()
+
+    def report(self) -> str:
+        return (
+            f"{len(self.created)} claims made during the rollout, {len(self.holders)} "
+            f"leaders, longest time without a live Lease {self.longest_gap:.1f}s"
+        )
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _disruptions_allowed(cluster: NodeCluster, expected: int) -> None:
+    budget = cluster.get("pdb", RELEASE, "-n", RELEASE_NAMESPACE).get("status") or {}
+    assert budget.get("disruptionsAllowed") == expected, budget
+
+
+def _cluster_scoped(cluster: NodeCluster, release: str) -> set[str]:
+    """kind/name of the release's cluster-scoped objects (by its instance label)."""
+    kinds = (
+        "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,"
+        "flowschemas,prioritylevelconfigurations"
+    )
+    found = cluster.get(kinds, "-l", f"app.kubernetes.io/instance={release}")["items"]
+    return {f"{o['kind']}/{o['metadata']['name']}" for o in found}
 
 
 def _no_operator(cluster: NodeCluster) -> None:

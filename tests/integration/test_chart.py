@@ -97,7 +97,10 @@ def test_default_render() -> None:
             "Deployment/headroom",
             "FlowSchema/headroom",
             "MutatingWebhookConfiguration/headroom",
+            "PodDisruptionBudget/headroom",
             "PriorityLevelConfiguration/headroom",
+            "Role/headroom-leader-election",
+            "RoleBinding/headroom-leader-election",
             "Role/headroom-webhook-cert",
             "RoleBinding/headroom-webhook-cert",
             "Service/headroom-metrics",
@@ -106,7 +109,12 @@ def test_default_render() -> None:
         ]
     )
     deployment = next(d for d in render() if d["kind"] == "Deployment")
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # HA by default: a standby, and a rollout that never takes a ready pod first.
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -161,8 +169,61 @@ def test_leader_election_render() -> None:
     labels = config["decisionKey"].pop("labels")  # the key's Secret is labelled as the release
     assert labels == by_kind["Deployment"]["metadata"]["labels"]
     assert config["decisionKey"] == CHART_DECISION_KEY
-    names = {f"{d['kind']}/{d['metadata']['name']}" for d in render()}
+    single = render("replicas=1", "leaderElection.enabled=false")
+    names = {f"{d['kind']}/{d['metadata']['name']}" for d in single}
     assert "Role/headroom-leader-election" not in names
+    (deployment,) = [d for d in single if d["kind"] == "Deployment"]
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_high_availability_render() -> None:
+    """Issue 23, item 1: a PDB, spread over nodes, away from GPU nodes, a priority class;
+    and what replicas: 1 and replicas: 0 leave out."""
+    docs = render()
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"] == {"matchLabels": selector}
+    pod = deployment["spec"]["template"]["spec"]
+    assert "priorityClassName" not in pod
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # one node still runs both
+    assert spread["labelSelector"] == {"matchLabels": selector}
+    (preferred,) = pod["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert preferred["preference"]["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"}
+    ]
+
+    docs = render(
+        'priorityClassName="system-cluster-critical"',
+        'affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": '
+        '{"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", '
+        '"values": ["system"]}]}]}}}',
+        'topologySpread={"whenUnsatisfiable": "DoNotSchedule"}',
+    )
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert list(pod["affinity"]["nodeAffinity"]) == [
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert pod["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "DoNotSchedule"
+
+    single = render("replicas=1")  # leader election stays on: a rollout surges a standby
+    kinds = {d["kind"] for d in single}
+    assert "PodDisruptionBudget" not in kinds  # minAvailable 1 of 1 would block every drain
+    (deployment,) = [d for d in single if d["kind"] == "Deployment"]
+    assert "topologySpreadConstraints" not in deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+
+    # A release kept beside another with no operator must not gate (and refuse) pods.
+    idle = {d["kind"] for d in render("replicas=0")}
+    assert "MutatingWebhookConfiguration" not in idle
+    assert "PodDisruptionBudget" not in idle
 
 
 def test_webhook_render() -> None:
@@ -361,7 +422,12 @@ def test_the_quota_roles_and_their_bindings(value: str, role: str, verbs: list[s
         ("config.limits.maxVramOvercommitRatio=-1", "maxVramOvercommitRatio"),
         ("config.gpus.draDrivers[0]=GPU_NVIDIA", "/config/gpus/draDrivers/0"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
-        ("replicas=3", "replicas"),
+        ("replicas=3,leaderElection.enabled=false", "replicas > 1 needs leaderElection"),
+        ("replicas=6", "replicas"),
+        ("podDisruptionBudget.minAvailable=2", "minAvailable must be below replicas"),
+        ("podDisruptionBudget.maxUnavailable=1", "'maxUnavailable' not allowed"),
+        ("topologySpread.whenUnsatisfiable=Never", "whenUnsatisfiable"),
+        ("placement.avoidNodeLabels[0]=", "/placement/avoidNodeLabels/0"),
         ("metrics.port=0", "port"),
         ("logLevel=LOUD", "logLevel"),
         ("logFormat=xml", "logFormat"),
