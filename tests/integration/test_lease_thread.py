@@ -84,3 +84,23 @@ async def test_a_standby_stopped_while_waiting_leaves_cleanly(
     await asyncio.gather(waiting, return_exceptions=True)
     assert first.may_act()
     await first.release()
+
+
+async def test_a_renewal_the_leader_did_not_see_land_does_not_block_the_release(
+    control_plane: ControlPlane, api_client: client.ApiClient, namespace: str
+) -> None:
+    """A stop cancels a renewal already on the wire: the API server applied it, the
+    leader never saw its answer, and the release (a PUT with the last resourceVersion
+    the leader saw) met 409. The standby then waited out the whole lease on a rolling
+    update. Here the Lease moves behind the leader's back the same way."""
+    coordination = client.CoordinationV1Api(api_client)
+    lease = settings(namespace, "leader")
+    lease = LeaseSettings(**{**lease.__dict__, "retry_period": timedelta(seconds=30)})
+    keeper = LeaseThread(control_plane.admin_credentials(), lease, SystemClock())
+    await keeper.acquire(on_lost=lambda: None)
+    moved = {"metadata": {"annotations": {"renewal": "landed-unseen"}}}
+    coordination.patch_namespaced_lease(lease.name, lease.namespace, moved)
+
+    await keeper.release()
+    spec = lease_spec(coordination, lease)
+    assert spec.holder_identity in ("", None), "the release gave up on a conflict"

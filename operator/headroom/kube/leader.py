@@ -110,18 +110,37 @@ class LeaderElector:
         self.is_leader = False
         s = self._settings
         margin = math.ceil((s.lease_duration - s.renew_deadline).total_seconds())
-        spec = dict(self._observed.get("spec") or {})
-        spec.update(
-            holderIdentity="",
-            leaseDurationSeconds=max(margin, 1),
-            renewTime=_micro_time(self._clock.now()),
-        )
-        body = {**self._observed, "spec": spec}
         try:
-            await asyncio.wait_for(self._client.replace(f"{self._path}/{s.name}", body), 2.0)
-            log.info("released lease %s/%s (free in %ds)", s.namespace, s.name, margin)
+            released = await asyncio.wait_for(self._hand_over(self._observed, margin), 2.0)
         except (ApiError, ApiUnavailableError, TimeoutError) as error:
             log.warning("lease not released (%s); the standby waits it out", error)
+            return
+        if released:
+            log.info("released lease %s/%s (free in %ds)", s.namespace, s.name, margin)
+
+    async def _hand_over(self, observed: JSON, margin: int) -> bool:
+        """Clear the holder. A renewal cut off by the stop may have landed after we last
+        saw the Lease (seen on a rolling update: the release then failed 409 and the standby
+        waited out the whole lease): on a conflict, read it again and release that, if it
+        is still ours."""
+        path = f"{self._path}/{self._settings.name}"
+        for _ in range(2):
+            spec = dict(observed.get("spec") or {})
+            if spec.get("holderIdentity") != self._settings.identity:
+                return False  # no longer ours: nothing to hand over
+            spec.update(
+                holderIdentity="",
+                leaseDurationSeconds=max(margin, 1),
+                renewTime=_micro_time(self._clock.now()),
+            )
+            try:
+                await self._client.replace(path, {**observed, "spec": spec})
+                return True
+            except ApiError as error:
+                if not error.conflict:
+                    raise
+            observed = await self._client.get(path)
+        return False
 
     async def _attempt(self, bounded_by: float) -> bool:
         """One round, given at most ``bounded_by`` seconds; True if we hold the Lease after."""

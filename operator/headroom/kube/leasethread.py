@@ -127,4 +127,7 @@ class LeaseThread:
             task.result()  # raises what ended it
             return True
         task.cancel()
+        # Let a write already on the wire finish or fail before the release is sent.
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
         return False
