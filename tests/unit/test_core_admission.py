@@ -263,3 +263,23 @@ def test_rebuild_reports_entries_that_no_longer_fit_and_keeps_them() -> None:
     assert [e.id for e in result.over_committed] == ["new"]
     assert {e.id for e in book.entries()} == {"old", "new"}
     assert book.node_summary("n1", T0).over_committed
+
+
+def test_a_rebuild_restores_without_counting_what_it_restores_as_reserved() -> None:
+    """The counters are of what this ledger did: a restart over held reservations does
+    not count them as reserved again, and their later release or reclaim counts once."""
+    held = [entry("a", 1000), entry("b", 2000, expires=T0 + timedelta(minutes=1))]
+    book, _ = Ledger.rebuild(
+        Limits(heartbeat_stale_window=WINDOW), [("n1", 32768, None, None)], held
+    )
+    m = book.metrics()
+    assert (m.reserved_mb, m.restored_mb, m.released_mb, m.reclaimed_mb) == (0, 3000, 0, 0)
+    assert (m.active_mb, m.active_entries) == (3000, 2)
+    assert book.reserve(entry("c", 500), T0).admitted
+    book.release("a")
+    assert [r.entry.id for r in book.reclaim(T0 + timedelta(minutes=2))] == ["b"]
+    m = book.metrics()
+    assert (m.reserved_mb, m.restored_mb, m.released_mb, m.reclaimed_mb) == (500, 3000, 1000, 2000)
+    assert m.restored_mb + m.reserved_mb - m.released_mb - m.reclaimed_mb == m.active_mb == 500
+    assert book.restore([entry("a2", 100)]).over_committed == []  # held again while running
+    assert (book.metrics().reserved_mb, book.metrics().restored_mb) == (500, 3100)

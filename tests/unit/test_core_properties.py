@@ -4,7 +4,9 @@ A hypothesis state machine drives nodes (add, resize, remove), reservations
 (reserve, release, heartbeat), time and reclaim, and after every step checks:
 no node is ever pushed over its limit by an admission; the running aggregates
 equal a recount; a ledger rebuilt from the admitted entries is identical; and
-reserved − released − reclaimed = active.
+restored + reserved − released − reclaimed = active. A restart (the operator's
+rebuild) may come at any step: what it restores is not counted as reserved, so the
+reserved counter of the new ledger counts exactly what it admitted.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.shrunk: set[str] = set()  # nodes whose limit was lowered below what they hold
         self.postponed: dict[str, datetime] = {}  # due entries the operator could not check
         self.ids = 0
+        self.admitted_mb = 0  # admitted by this ledger (since the last restart)
 
     # -- nodes -------------------------------------------------------------------------
 
@@ -84,6 +87,7 @@ class LedgerMachine(RuleBasedStateMachine):
         before, was_over = self._reserved(node), self._over(node)
         decision = self.ledger.reserve(entry, self.now)
         if decision.admitted:
+            self.admitted_mb += ram
             assert node in self.capacity
             # A claim of no RAM (VRAM only) may go on a node already over its RAM limit
             # (it shrank): it is refused only for what it asks, and adds no RAM.
@@ -184,6 +188,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert self._reserved(node) == before
             assert decision.position == self.ledger.waiting.position(entry.id)
         elif decision.admitted:
+            self.admitted_mb += ram
             key = (entry.created_at, entry.id)
             older = [w for w in self.ledger.waiting.on(node) if w.key < key]
             assert not (strict and older), "went ahead of an older waiter under strict FIFO"
@@ -201,6 +206,7 @@ class LedgerMachine(RuleBasedStateMachine):
         admitted = self.ledger.admit_waiting(self.now, nodes, strict=strict)
         for decision in admitted:
             assert decision.admitted
+            self.admitted_mb += decision.entry.ram_mb
             assert decision.entry.id not in self.ledger.waiting
             assert not self._over(decision.entry.node), "a waiting one pushed its node over"
         for node in nodes:
@@ -217,6 +223,24 @@ class LedgerMachine(RuleBasedStateMachine):
             assert not decision.admitted
             assert decision.entry.id not in self.ledger.waiting
             assert decision.reason in (Reason.WAIT_TIMEOUT, Reason.ALREADY_EXPIRED)
+
+    # -- restart (the operator's rebuild) ------------------------------------------------
+
+    @rule()
+    def restart(self) -> None:
+        """A new process: nodes, then the admitted entries restored, then the waiters
+        queued again (as the operator's rebuild does)."""
+        held = sum(e.ram_mb for e in self.ledger.entries())
+        nodes = [(n, total, vram, limits) for n, (total, vram, limits) in self.capacity.items()]
+        rebuilt, _ = Ledger.rebuild(self.limits, nodes, _copies(self.ledger.entries()))
+        for node in self.ledger.waiting.nodes():
+            for waiting in self.ledger.waiting.on(node):
+                rebuilt.waiting.add(waiting.entry, waiting.until, for_quota=waiting.for_quota)
+        self.ledger, self.admitted_mb = rebuilt, 0
+        self.postponed.clear()
+        m = rebuilt.metrics()
+        assert (m.reserved_mb, m.released_mb, m.reclaimed_mb) == (0, 0, 0)
+        assert m.restored_mb == held == m.active_mb
 
     # -- invariants --------------------------------------------------------------------
 
@@ -248,28 +272,18 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def counters_are_consistent(self) -> None:
         m = self.ledger.metrics()
-        assert m.reserved_mb - m.released_mb - m.reclaimed_mb == m.active_mb
+        assert m.restored_mb + m.reserved_mb - m.released_mb - m.reclaimed_mb == m.active_mb
+        assert m.reserved_mb == self.admitted_mb, "reserved counts exactly what was admitted"
         assert m.active_mb == sum(e.ram_mb for e in self.ledger.entries())
         assert m.active_entries == len(self.ledger)
 
     @invariant()
     def rebuild_gives_an_identical_ledger(self) -> None:
         nodes = [(n, total, vram, limits) for n, (total, vram, limits) in self.capacity.items()]
-        copies = [
-            Entry(
-                e.id,
-                e.node,
-                e.ram_mb,
-                e.created_at,
-                e.last_heartbeat,
-                e.vram_mb,
-                e.expires_at,
-                e.owner,
-                e.description,
-            )
-            for e in self.ledger.entries()
-        ]
+        copies = _copies(self.ledger.entries())
         rebuilt, _ = Ledger.rebuild(self.limits, nodes, copies)
+        m = rebuilt.metrics()
+        assert (m.reserved_mb, m.restored_mb) == (0, sum(e.ram_mb for e in copies))
         for node in (*NODES, "ghost"):  # a rebuild from admitted entries has no waiting ones
             mine = replace(
                 self.ledger.node_summary(node, self.now), queued_entries=0, queued_ram_mb=0
@@ -317,6 +331,24 @@ class LedgerMachine(RuleBasedStateMachine):
             for e in self.ledger.entries()
         ]
         return min(deadlines, default=None)
+
+
+def _copies(entries: list[Entry]) -> list[Entry]:
+    """The entries as a rebuild reads them back from the API: new objects."""
+    return [
+        Entry(
+            e.id,
+            e.node,
+            e.ram_mb,
+            e.created_at,
+            e.last_heartbeat,
+            e.vram_mb,
+            e.expires_at,
+            e.owner,
+            e.description,
+        )
+        for e in entries
+    ]
 
 
 LedgerMachine.TestCase.settings = settings(

@@ -59,6 +59,7 @@ class Ledger:
         self._live: dict[str, int] = {}  # entry id -> sequence of its one live heap item
         self._sequence = itertools.count()
         self._reserved_mb = self._released_mb = self._reclaimed_mb = 0
+        self._restored_mb = 0  # held again at a start, not admitted by this ledger
         self._failures: Counter[Reason] = Counter()
         self.waiting = WaitQueues()
         self.pods = PodRequests()
@@ -399,11 +400,14 @@ class Ledger:
         if entry.expires_at is None:
             entry.expires_at = entry.given_expiry = self.quotas.expiry(entry)
 
-    def _add(self, state: NodeState, entry: Entry) -> None:
+    def _add(self, state: NodeState, entry: Entry, *, restored: bool = False) -> None:
         state.add(entry)
         self.quotas.add(entry)
         self._entries[entry.id] = entry
-        self._reserved_mb += entry.ram_mb
+        if restored:
+            self._restored_mb += entry.ram_mb
+        else:
+            self._reserved_mb += entry.ram_mb
         self._schedule(entry)
         self._claimed(entry, +1)
 
@@ -526,12 +530,14 @@ class Ledger:
 
         Entries that no longer fit (limits or capacity changed meanwhile) are kept and
         reported, oldest first kept within the limit, so the operator can surface them.
+        What is put back counts as restored, not reserved: the counters are of what this
+        ledger admitted, so a restart does not count every held reservation again.
         """
         touched: set[str] = set()
         for entry in sorted(entries, key=lambda e: (e.created_at, e.id)):
             if entry.id in self._entries:
                 continue
-            self._add(self._node(entry.node), entry)
+            self._add(self._node(entry.node), entry, restored=True)
             touched.add(entry.node)
         over: list[Entry] = []
         for node in touched:
@@ -606,6 +612,7 @@ class Ledger:
             reserved_mb=self._reserved_mb,
             released_mb=self._released_mb,
             reclaimed_mb=self._reclaimed_mb,
+            restored_mb=self._restored_mb,
             reserve_failures=sum(self._failures.values()),
             active_entries=len(self._entries),
             active_mb=sum(s.reserved_ram_mb for s in self._nodes.values()),

@@ -60,7 +60,12 @@ class ClusterSummary:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """Counters since this ledger was built. reserved − released − reclaimed = active MiB."""
+    """Counters since this ledger was built:
+    restored + reserved − released − reclaimed = active MiB.
+
+    ``restored_mb`` is what a start put back (admitted by an earlier process);
+    ``reserved_mb`` only what this ledger admitted, so it starts at 0 at every start.
+    """
 
     reserved_mb: int
     released_mb: int
@@ -69,6 +74,7 @@ class Metrics:
     active_entries: int
     active_mb: int
     failures_by_reason: Mapping[Reason, int] = field(default_factory=dict)
+    restored_mb: int = 0
 
 
 def allocatable(state: NodeState) -> int:
