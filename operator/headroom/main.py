@@ -52,7 +52,11 @@ def _identity() -> str:
 
 
 def _elector(
-    config: OperatorConfig, credentials: Credentials, clock: Clock, identity: str
+    config: OperatorConfig,
+    credentials: Credentials,
+    clock: Clock,
+    identity: str,
+    metrics: OperatorMetrics,
 ) -> LeaseThread | None:
     election = config.leader_election
     if not election.enabled:
@@ -68,11 +72,12 @@ def _elector(
             retry_period=election.retry_period,
         ),
         clock,
+        on_error=metrics.api_error,
     )
 
 
 def _webhook(
-    config: OperatorConfig, client: KubeClient, clock: Clock
+    config: OperatorConfig, client: KubeClient, clock: Clock, metrics: OperatorMetrics
 ) -> tuple[WebhookServer, CertificateKeeper] | None:
     """The admission webhook's server and the keeper of its certificate, when enabled."""
     webhook = config.webhook
@@ -81,7 +86,7 @@ def _webhook(
     certificate = webhook.certificate
     namespace = certificate.namespace or os.environ.get("POD_NAMESPACE", "default")
     service_namespace = certificate.service_namespace or namespace
-    server = WebhookServer(webhook.host, webhook.port)
+    server = WebhookServer(webhook.host, webhook.port, on_review=metrics.reviewed)
     names = service_names(
         certificate.service_name, service_namespace, tuple(certificate.extra_names)
     )
@@ -109,7 +114,11 @@ def _stop_deciding_now() -> None:
 async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> int:
     """Run until stopped; 0 after a clean stop, 1 when a long-lived task died."""
     credentials = await asyncio.to_thread(Credentials.from_environment)
-    client = KubeClient(credentials)
+    controller: Controller | None = None
+    metrics = OperatorMetrics(
+        lambda: controller.state.ledger if controller and controller.ready.is_set() else None
+    )
+    client = KubeClient(credentials, on_error=metrics.api_error)
     clock = SystemClock()
     stop = stop or asyncio.Event()
     failures: list[str] = []
@@ -120,11 +129,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
 
     supervisor = Supervisor(on_failure=failed)
     identity = _identity()
-    elector = _elector(config, credentials, clock, identity)
-    controller: Controller | None = None
-    metrics = OperatorMetrics(
-        lambda: controller.state.ledger if controller and controller.ready.is_set() else None
-    )
+    elector = _elector(config, credentials, clock, identity, metrics)
     controller = Controller(
         config,
         client,
@@ -136,7 +141,11 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
     )
     metrics.registry.register(EventsCollector(controller.events))
     metrics.count_gated(lambda: controller.gates.gated if controller is not None else 0)
-    webhook = _webhook(config, client, clock)
+    metrics.count_undecided(controller.admission.undecided)
+    metrics.follow_leadership(
+        (lambda: elector.is_leader) if elector is not None else controller.ready.is_set
+    )
+    webhook = _webhook(config, client, clock, metrics)
     probes = ProbeServer(
         controller,
         metrics,

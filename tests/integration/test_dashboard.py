@@ -1,4 +1,5 @@
-"""The Grafana dashboard parses, and every metric it queries is one the operator exports."""
+"""The Grafana dashboard parses, and every metric it queries is one the operator exports,
+under its current name (bytes, not the deprecated MiB names)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ from headroom_dev.operator import OperatorProcess
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts/headroom/dashboards/headroom.json"
 METRIC = re.compile(r"\bheadroom_[a-z_]+")
+#: Operations panels the alerts' readers look at (issue 23, item 3).
+OPERATIONS = {
+    "headroom_leader",
+    "headroom_api_errors_total",
+    "headroom_watch_restarts_total",
+    "headroom_undecided_reservations",
+}
 
 
 def queried_metrics() -> set[str]:
@@ -52,3 +60,6 @@ def test_every_queried_metric_is_exported(
     queried = queried_metrics()
     assert len(queried) >= 10
     assert queried - exported == set(), f"queried but not exported: {queried - exported}"
+    deprecated = {name for name in queried if re.search(r"_mb(_total)?$", name)}
+    assert deprecated == set(), f"deprecated names queried: {deprecated}"
+    assert queried >= OPERATIONS

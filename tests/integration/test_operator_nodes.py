@@ -192,5 +192,16 @@ def test_metrics_after_a_scripted_sequence(
         assert m["headroom_events_posted_total"] >= 4
         assert m["headroom_events_queued"] == 0
         assert m["headroom_events_dropped_total"] == 0
+        # The same figures in bytes, the names that replace the MiB ones.
+        mib = 1 << 20
+        assert m["headroom_reserved_bytes_total"] == 3072 * mib
+        assert m["headroom_released_bytes_total"] == 1024 * mib
+        assert m["headroom_reclaimed_bytes_total"] == 0
+        assert m[f'headroom_node_reserved_ram_bytes{{node="{node}"}}'] == 2048 * mib
+        assert m[f'headroom_node_allocatable_ram_bytes{{node="{node}"}}'] == 2048 * mib
+        assert m[f'headroom_node_ram_limit_bytes{{node="{node}"}}'] == 4096 * mib
+        # "no-such-node" was looked up before it was refused: the API answered 404.
+        assert m['headroom_api_errors_total{code="404",verb="get"}'] >= 1
+        assert m["headroom_undecided_reservations"] == 0
 
     eventually(counted)

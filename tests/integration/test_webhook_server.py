@@ -134,3 +134,25 @@ async def test_a_denial_names_the_annotation(server: WebhookServer) -> None:
     assert response["status"]["code"] == 422
     assert "annotation headroom.dev/ram" in response["status"]["message"]
     assert "'8 gigs'" in response["status"]["message"]
+
+
+async def test_each_review_is_reported_with_its_result_and_time() -> None:
+    """What ``headroom_webhook_reviews_total{result}`` and ``_review_seconds`` count."""
+    reviews: list[tuple[str, float]] = []
+    webhook = WebhookServer("127.0.0.1", 0, on_review=lambda *seen: reviews.append(seen))
+    await webhook.start()
+    try:
+        bundle = fresh(POLICY, datetime.now(UTC))
+        await webhook.load(bundle.cert, bundle.key)
+        request: dict = REVIEW["request"]  # type: ignore[assignment]
+        pod = request["object"]
+        plain = {**pod, "metadata": {"labels": {}}}
+        pinned = {**pod, "spec": {"containers": [], "nodeName": "n1"}}
+        for obj in (pod, plain, pinned):
+            body = json.dumps({**REVIEW, "request": {**request, "object": obj}}).encode()
+            assert (await post(webhook.port, bundle.ca_cert, body))[0] == 200
+        assert (await post(webhook.port, bundle.ca_cert, b"{"))[0] == 400
+    finally:
+        await webhook.stop()
+    assert [result for result, _ in reviews] == ["patched", "allowed", "denied", "error"]
+    assert all(0 <= seconds < 5 for _, seconds in reviews)

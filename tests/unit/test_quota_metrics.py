@@ -1,7 +1,8 @@
 """Per-quota metrics (HeadroomQuota), read from the ledger at scrape time.
 
 Scraped as Prometheus does and parsed as the integration tests parse /metrics
-(``OperatorProcess.metrics``): ``'name{label="v"}' -> value``.
+(``OperatorProcess.metrics``): ``'name{label="v"}' -> value``. Memory is exported in
+bytes, and for one release also under the deprecated MiB names, which must agree.
 """
 
 from __future__ import annotations
@@ -17,19 +18,23 @@ from headroom.api.limits import Limits
 from headroom.api.selectors import LabelSelector
 from headroom.ledger import Entry, Ledger
 from headroom.ledger.quotas import QuotaRules
-from headroom.serving.metrics import LedgerCollector
+from headroom.serving.ledgermetrics import LedgerCollector
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts/headroom/dashboards/headroom.json"
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 GIB = 1024
+MIB = 1 << 20
 QUOTA_FAMILIES = {
-    "headroom_quota_ram_limit_mb",
-    "headroom_quota_ram_used_mb",
-    "headroom_quota_vram_limit_mb",
-    "headroom_quota_vram_used_mb",
+    "headroom_quota_ram_limit_bytes",
+    "headroom_quota_ram_used_bytes",
+    "headroom_quota_vram_limit_bytes",
+    "headroom_quota_vram_used_bytes",
     "headroom_quota_entries_limit",
     "headroom_quota_entries",
-    "headroom_quota_namespace_ram_used_mb",
+    "headroom_quota_namespace_ram_used_bytes",
+}
+DEPRECATED_QUOTA_FAMILIES = {
+    name.removesuffix("_bytes") + "_mb" for name in QUOTA_FAMILIES if name.endswith("_bytes")
 }
 
 
@@ -47,7 +52,22 @@ def scrape(ledger: Ledger) -> tuple[dict[str, float], set[str]]:
 
 
 def quota_samples(values: dict[str, float]) -> dict[str, float]:
-    return {key: value for key, value in values.items() if key.startswith("headroom_quota_")}
+    """The quota samples with memory in MiB (a ``_bytes`` sample / 2^20), once each
+    deprecated ``_mb`` sample is checked to be its ``_bytes`` twin in MiB."""
+    samples, twins = {}, 0
+    for key, value in values.items():
+        name, brace, labels = key.partition("{")
+        if not name.startswith("headroom_quota_"):
+            continue
+        if name.endswith("_mb"):
+            assert values[f"{name.removesuffix('_mb')}_bytes{brace}{labels}"] == value * MIB
+            twins += 1
+        elif name.endswith("_bytes"):
+            samples[key] = value / MIB
+        else:
+            samples[key] = value
+    assert twins == sum(1 for key in samples if key.partition("{")[0].endswith("_bytes"))
+    return samples
 
 
 def book() -> Ledger:
@@ -65,6 +85,7 @@ def claim(entry_id: str, ram: int, vram: int = 0) -> Entry:
 def test_without_quotas_the_families_are_announced_with_no_samples() -> None:
     values, families = scrape(book())
     assert families >= QUOTA_FAMILIES  # what the dashboard queries is always exported
+    assert families >= DEPRECATED_QUOTA_FAMILIES  # and, for one release, the MiB names
     assert quota_samples(values) == {}
 
 
@@ -81,19 +102,19 @@ def test_each_quota_shows_its_limits_and_what_its_namespaces_hold() -> None:
     assert ledger.reserve(claim("other/d", 5 * GIB), T0).admitted  # no quota: not shown
     values, _ = scrape(ledger)
     assert quota_samples(values) == {
-        'headroom_quota_ram_limit_mb{quota="team-ml"}': 65536.0,
-        'headroom_quota_ram_used_mb{quota="team-ml"}': 57344.0,
-        'headroom_quota_vram_limit_mb{quota="team-ml"}': 40960.0,
-        'headroom_quota_vram_used_mb{quota="team-ml"}': 8192.0,
+        'headroom_quota_ram_limit_bytes{quota="team-ml"}': 65536.0,
+        'headroom_quota_ram_used_bytes{quota="team-ml"}': 57344.0,
+        'headroom_quota_vram_limit_bytes{quota="team-ml"}': 40960.0,
+        'headroom_quota_vram_used_bytes{quota="team-ml"}': 8192.0,
         'headroom_quota_entries_limit{quota="team-ml"}': 10.0,
         'headroom_quota_entries{quota="team-ml"}': 2.0,
-        'headroom_quota_namespace_ram_used_mb{namespace="ml",quota="team-ml"}': 40960.0,
-        'headroom_quota_namespace_ram_used_mb{namespace="ml-dev",quota="team-ml"}': 16384.0,
+        'headroom_quota_namespace_ram_used_bytes{namespace="ml",quota="team-ml"}': 40960.0,
+        'headroom_quota_namespace_ram_used_bytes{namespace="ml-dev",quota="team-ml"}': 16384.0,
         # No limit on any dimension: the limit gauges are absent, usage is shown.
-        'headroom_quota_ram_used_mb{quota="web"}': 3072.0,
-        'headroom_quota_vram_used_mb{quota="web"}': 0.0,
+        'headroom_quota_ram_used_bytes{quota="web"}': 3072.0,
+        'headroom_quota_vram_used_bytes{quota="web"}': 0.0,
         'headroom_quota_entries{quota="web"}': 1.0,
-        'headroom_quota_namespace_ram_used_mb{namespace="web",quota="web"}': 3072.0,
+        'headroom_quota_namespace_ram_used_bytes{namespace="web",quota="web"}': 3072.0,
     }
 
 
@@ -108,19 +129,21 @@ def test_the_metrics_follow_releases_relabels_lowered_and_deleted_quotas() -> No
     ledger.quotas.set_quota(QuotaRules("team-ml", ml, ram_mb=GIB))  # lowered
     values, _ = scrape(ledger)
     assert quota_samples(values) == {
-        'headroom_quota_ram_limit_mb{quota="team-ml"}': 1024.0,
-        'headroom_quota_ram_used_mb{quota="team-ml"}': 0.0,
-        'headroom_quota_vram_used_mb{quota="team-ml"}': 0.0,
+        'headroom_quota_ram_limit_bytes{quota="team-ml"}': 1024.0,
+        'headroom_quota_ram_used_bytes{quota="team-ml"}': 0.0,
+        'headroom_quota_vram_used_bytes{quota="team-ml"}': 0.0,
         'headroom_quota_entries{quota="team-ml"}': 0.0,
     }
     ledger.quotas.set_namespace("ml-dev", {"team": "ml"})  # back, over the lowered limit
     values, _ = scrape(ledger)
+    assert values['headroom_quota_ram_used_bytes{quota="team-ml"}'] == 16 * 1024**3
+    assert values['headroom_quota_ram_limit_bytes{quota="team-ml"}'] == 1024**3
     assert values['headroom_quota_ram_used_mb{quota="team-ml"}'] == 16384.0
     assert values['headroom_quota_ram_limit_mb{quota="team-ml"}'] == 1024.0
     ledger.quotas.remove_quota("team-ml")
     values, families = scrape(ledger)
     assert quota_samples(values) == {}
-    assert families >= QUOTA_FAMILIES
+    assert families >= QUOTA_FAMILIES | DEPRECATED_QUOTA_FAMILIES
 
 
 def test_the_dashboard_queries_only_quota_metrics_the_collector_exports() -> None:

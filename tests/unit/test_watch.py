@@ -45,10 +45,14 @@ class ScriptedWatches:
 
 
 async def run(
-    watches: ScriptedWatches, relisted: str = "900", fail_on: str | None = None
+    watches: ScriptedWatches,
+    relisted: str = "900",
+    fail_on: str | None = None,
+    restarts: list[str] | None = None,
 ) -> tuple[list[tuple[str, str]], int]:
     seen: list[tuple[str, str]] = []
     relists = 0
+    restarted = restarts.append if restarts is not None else (lambda reason: None)
 
     def on_event(kind: str, body: JSON) -> None:
         if body["metadata"]["name"] == fail_on:
@@ -61,7 +65,15 @@ async def run(
         return relisted
 
     task = asyncio.create_task(
-        follow(cast(Transport, watches), "/rsv", "100", on_event, relist, backoff=Backoff(0, 0))
+        follow(
+            cast(Transport, watches),
+            "/rsv",
+            "100",
+            on_event,
+            relist,
+            backoff=Backoff(0, 0),
+            restarted=restarted,
+        )
     )
     await asyncio.wait_for(watches.drained.wait(), timeout=5)
     task.cancel()
@@ -124,3 +136,19 @@ async def test_a_failing_handler_does_not_end_the_watch() -> None:
     seen, _ = await run(watches, fail_on="bad")
     assert seen == [("ADDED", "good")]
     assert watches.versions == ["100", "102"]
+
+
+async def test_each_new_stream_is_reported_with_why_the_last_one_ended() -> None:
+    """What ``headroom_watch_restarts_total{reason}`` counts: one per stream started again."""
+    watches = ScriptedWatches(
+        ([{"type": "ADDED", "object": obj("a", "101")}], None),  # the server's timeout
+        ([], ApiUnavailableError("connection reset")),
+        ([{"type": "ERROR", "object": {"code": 500, "message": "etcd down"}}], None),
+        ([{"type": "ERROR", "object": {"code": 410, "message": "too old"}}], None),
+        ([], ApiError(410, "Expired", "too old")),
+    )
+    restarts: list[str] = []
+    _, relists = await run(watches, restarts=restarts)
+    assert restarts == ["ended", "failed", "failed", "expired", "expired"]
+    assert relists == 2
+    assert len(watches.versions) == len(restarts) + 1  # the first stream is no restart

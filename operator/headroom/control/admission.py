@@ -139,6 +139,16 @@ class Admission:
     def __contains__(self, uid: str) -> bool:
         return uid in self._queue
 
+    def undecided(self) -> int:
+        """Reservations seen that carry no decision yet: queued here, or decided and not
+        yet written (a reclaim is not a first decision; waiting for room is one)."""
+        unwritten = sum(
+            1
+            for record in self._state.records.values()
+            if not record.announced and record.decision.phase != Phase.RECLAIMED
+        )
+        return len(self._queue) + unwritten
+
     def submit(self, obj: JSON) -> None:
         """Queue an undecided reservation (idempotent: a uid is queued once)."""
         obj = decision_essentials(obj)

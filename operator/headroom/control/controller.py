@@ -266,7 +266,10 @@ class Controller:
 
     def _follow(self, versions: ListVersions) -> None:
         spawn = self.supervisor.spawn
-        spawn("watch-resourceslices", self.slices.follow(versions.slices))
+        spawn(
+            "watch-resourceslices",
+            self.slices.follow(versions.slices, restarted=self._restarted("resourceslices")),
+        )
         watches: list[tuple[str, str, str, Any, Any, str | None]] = [
             # (name, path, from version, on event, relist, label selector)
             ("reservations", RESERVATIONS, versions.reservations, self.on_reservation,
@@ -297,8 +300,13 @@ class Controller:
                     relist,
                     label_selector=selector,
                     rng=self.rng,
+                    restarted=self._restarted(name),
                 ),
             )
+
+    def _restarted(self, watch: str) -> Callable[[str], None]:
+        """What a watch calls when it starts again (``headroom_watch_restarts_total``)."""
+        return lambda reason: self.telemetry.watch_restarted(watch, reason)
 
     async def stop(self) -> None:
         """Bounded: a write not confirmed now is written again after the next start."""

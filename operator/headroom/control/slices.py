@@ -196,11 +196,20 @@ class Slices:
             raise ApiError(404, "NotFound", f"{RESOURCE_SLICES} is not served")
         return listed[1]
 
-    async def follow(self, version: str | None) -> None:
-        """Follow the slices from ``version``; None: from the first resync whose list succeeds."""
+    async def follow(
+        self, version: str | None, restarted: Callable[[str], None] = lambda reason: None
+    ) -> None:
+        """Follow the slices from ``version``; None: from the first resync whose list succeeds.
+        ``restarted``: told why each time the watch starts again (``kube.watch.follow``)."""
         if version is None:
             await self._served.wait()
             version = self._version
         await follow(
-            self._transport, RESOURCE_SLICES, version, self.on_slice, self.relist, rng=self._rng
+            self._transport,
+            RESOURCE_SLICES,
+            version,
+            self.on_slice,
+            self.relist,
+            rng=self._rng,
+            restarted=restarted,
         )

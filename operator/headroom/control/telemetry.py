@@ -25,12 +25,21 @@ class Telemetry(Protocol):
         """A status write was refused or unanswered and will be tried again (or given up)."""
         ...
 
+    def status_write_retried(self) -> None:
+        """A status write that failed is tried again (its backoff is over)."""
+        ...
+
     def ungated(self, seconds: float) -> None:
         """A gated pod was pinned and ungated ``seconds`` after the operator first saw it."""
         ...
 
     def ungate_failed(self, reason: str) -> None:
         """The patch that pins and ungates a pod was refused (its reservation is reclaimed)."""
+        ...
+
+    def watch_restarted(self, resource: str, reason: str) -> None:
+        """The watch ``resource`` (reservations, nodes, claims...) is started again: its
+        stream ``ended`` (the server closed it), ``expired`` (410: relisted) or ``failed``."""
         ...
 
 
@@ -47,8 +56,14 @@ class NoTelemetry:
     def status_write_failed(self) -> None:
         pass
 
+    def status_write_retried(self) -> None:
+        pass
+
     def ungated(self, seconds: float) -> None:
         pass
 
     def ungate_failed(self, reason: str) -> None:
+        pass
+
+    def watch_restarted(self, resource: str, reason: str) -> None:
         pass

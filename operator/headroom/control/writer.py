@@ -149,6 +149,9 @@ class StatusWriter:
 
     def _retry(self, uid: str) -> None:
         self._retrying.pop(uid, None)
+        record = self._state.records.get(uid)
+        if record is not None and not record.confirmed:
+            self._telemetry.status_write_retried()
         self.ensure(uid)
 
     async def _attempt(self, uid: str) -> float | None:

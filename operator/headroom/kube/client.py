@@ -6,13 +6,18 @@ the call itself. kopf already brings aiohttp; this wraps it with the same
 credentials the official client's loader finds (kubeconfig or in-cluster), so
 kopf and Headroom authenticate identically. Bodies are plain JSON dicts; the
 typed layer above builds them from the pydantic models.
+
+Every request that fails is told to ``on_error(verb, code)`` (the
+``headroom_api_errors_total`` metric): the verb as Kubernetes names it (get, list,
+watch, create, update, patch, delete) and the HTTP status, or ``timeout`` /
+``connection`` when no answer came.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -25,6 +30,8 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 #: What aiohttp raises when there is no answer; the transport says ApiUnavailableError.
 _NO_ANSWER = (aiohttp.ClientError, TimeoutError, OSError)
+#: The Kubernetes verb of each HTTP method (a GET with a limit is a list: ``list_page``).
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
 @dataclass(frozen=True)
@@ -85,8 +92,11 @@ class KubeClient:
         timeout: float = 30.0,
         connections: int = 64,
         user_agent: str = "headroom-operator",
+        on_error: Callable[[str, str], None] | None = None,
     ) -> None:
+        """``on_error(verb, code)``: told of every request that failed (see the module)."""
         self.credentials = credentials
+        self._on_error = on_error
         headers = {"User-Agent": user_agent, "Accept": "application/json"}
         if credentials.token:
             headers["Authorization"] = credentials.token
@@ -110,8 +120,10 @@ class KubeClient:
         body: Any = None,
         params: Mapping[str, str | int] | None = None,
         content_type: str = "application/json",
+        verb: str | None = None,
     ) -> JSON:
         """Send one request; the decoded JSON answer, ApiError, or ApiUnavailableError."""
+        verb = verb or _VERBS.get(method, method.lower())
         url = path.lstrip("/")
         if params:
             url += "?" + urlencode(params)
@@ -122,10 +134,16 @@ class KubeClient:
             async with self._session.request(method, url, data=data, headers=headers) as response:
                 text = await response.text()
                 if response.status >= 300:
+                    self._failed(verb, str(response.status))
                     raise _api_error(response.status, text)
                 return json.loads(text) if text else {}
         except _NO_ANSWER as error:
+            self._failed(verb, _no_answer(error))
             raise ApiUnavailableError(f"{method} {path}: {error!r}") from error
+
+    def _failed(self, verb: str, code: str) -> None:
+        if self._on_error is not None:
+            self._on_error(verb, code)
 
     async def get(self, path: str) -> JSON:
         return await self.request("GET", path)
@@ -160,7 +178,7 @@ class KubeClient:
             params["continue"] = continue_token
         if label_selector:
             params["labelSelector"] = label_selector
-        return await self.request("GET", path, params=params)
+        return await self.request("GET", path, params=params, verb="list")
 
     async def list_all(
         self, path: str, *, limit: int = 500, label_selector: str | None = None
@@ -196,6 +214,7 @@ class KubeClient:
         try:
             async with self._session.get(url, timeout=timeout) as response:
                 if response.status >= 300:
+                    self._failed("watch", str(response.status))
                     raise _api_error(response.status, await response.text())
                 pending = b""
                 async for chunk in response.content.iter_any():
@@ -205,9 +224,16 @@ class KubeClient:
                         if line.strip():
                             yield json.loads(line)
         except _NO_ANSWER as error:
+            self._failed("watch", _no_answer(error))
             raise ApiUnavailableError(f"WATCH {path}: {error!r}") from error
         except ValueError as error:  # a torn line: the connection broke mid-event
+            self._failed("watch", "connection")
             raise ApiUnavailableError(f"WATCH {path}: {error!r}") from error
+
+
+def _no_answer(error: BaseException) -> str:
+    """``timeout`` (aiohttp's timeouts are TimeoutErrors) or ``connection``."""
+    return "timeout" if isinstance(error, TimeoutError) else "connection"
 
 
 def _api_error(status: int, text: str) -> ApiError:

@@ -30,8 +30,18 @@ RELEASE_SECONDS = 5.0  # the release itself is bounded by 2 s (LeaderElector.rel
 class LeaseThread:
     """One :class:`LeaderElector`, run on a daemon thread with its own loop and client."""
 
-    def __init__(self, credentials: Credentials, settings: LeaseSettings, clock: Clock) -> None:
+    def __init__(
+        self,
+        credentials: Credentials,
+        settings: LeaseSettings,
+        clock: Clock,
+        *,
+        on_error: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """``on_error``: the lease client's failed requests (``KubeClient``), called on
+        the lease thread."""
         self._credentials, self._settings, self._clock = credentials, settings, clock
+        self._on_error = on_error
         self._elector: LeaderElector | None = None
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()  # bound to self._loop at its first wait
@@ -106,7 +116,9 @@ class LeaseThread:
         await asyncio.to_thread(self._thread.join, RELEASE_SECONDS)
 
     async def _hold(self, on_lost: Callable[[], None], acquired: Callable[[], None]) -> None:
-        client = KubeClient(self._credentials, user_agent="headroom-operator/lease")
+        client = KubeClient(
+            self._credentials, user_agent="headroom-operator/lease", on_error=self._on_error
+        )
         try:
             self._elector = LeaderElector(client, self._settings, self._clock)
             if not await self._until_stopped(self._elector.acquire()):

@@ -15,6 +15,10 @@ follower calls ``relist``, the controller's resync, which releases what vanished
 and queues what is new, and watches on from that list's version. A broken
 connection (API server restarted, network) is retried from the last version seen,
 so nothing is missed and nothing is replayed.
+
+Each new stream is told to ``restarted`` with why the last one ended (``ended``:
+the server closed it, as it does at its timeout; ``expired``: 410, relisted;
+``failed``: an error or no answer), for the ``headroom_watch_restarts_total`` metric.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ async def follow(
     label_selector: str | None = None,
     rng: random.Random | None = None,
     backoff: Backoff | None = None,
+    restarted: Callable[[str], None] = lambda reason: None,
 ) -> None:
     """Deliver every ADDED/MODIFIED/DELETED event after ``resource_version``, forever."""
     version: str | None = resource_version
@@ -54,16 +59,19 @@ async def follow(
             ):
                 version = _deliver(event, version, on_event)
                 backoff.reset()
+            restarted("ended")
             continue  # the server ended the watch (its timeout): watch on from there
         except ApiError as error:  # an answer, or an ERROR event inside the stream
             if error.gone:
                 log.info("watch of %s expired at resourceVersion %s; relisting", path, version)
                 version = None
+                restarted("expired")
                 continue
             failure: Exception = error
         except ApiUnavailableError as error:
             failure = error
         delay = backoff.next()
+        restarted("failed")
         log.warning("watch of %s broke (%s); again in %.1fs", path, failure, delay)
         await asyncio.sleep(delay)
 

@@ -182,3 +182,7 @@ class WaitQueues:
         """(waiting reservations, RAM they ask for) on ``node``."""
         queue = self._queues.get(node, ())
         return len(queue), sum(w.entry.ram_mb for w in queue)
+
+    def oldest(self) -> datetime | None:
+        """The creation time of the oldest reservation waiting, on any node (None: none)."""
+        return min((queue[0].created_at for queue in self._queues.values()), default=None)

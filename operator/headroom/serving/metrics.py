@@ -1,15 +1,18 @@
-"""Prometheus metrics, read from the ledger at scrape time.
+"""The registry the operator serves at /metrics, and the live metrics in it.
 
-Counters and gauges that the ledger already keeps are not counted twice: a
-custom collector turns ``Ledger.metrics()`` and the node summaries into metric
-families when Prometheus scrapes, so they can never disagree with the ledger.
-Only what the ledger cannot know (latency, write failures) is a live metric.
+What the ledger keeps is read from it at scrape time (``headroom.serving.ledgermetrics``).
+Only what the ledger cannot know is a live metric here: latencies, write failures and
+retries, watch restarts, API errors, webhook reviews, and which replica decides. The
+control code reports through ``headroom.control.telemetry.Telemetry``, which this
+class implements; the Kubernetes client, the webhook and the Lease are wired to it in
+``headroom.main``.
 """
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -17,149 +20,18 @@ from prometheus_client.registry import Collector
 
 from headroom.kube.events import EventRecorder
 from headroom.ledger import Ledger
-from headroom.ledger.quotas import Quotas
+from headroom.serving.ledgermetrics import PREFIX, LedgerCollector
 
-PREFIX = "headroom"
-
-
-class LedgerCollector(Collector):
-    def __init__(self, ledger: Callable[[], Ledger | None]) -> None:
-        self._ledger = ledger
-
-    def collect(self) -> Iterator[Metric]:
-        ledger = self._ledger()
-        if ledger is None:
-            return
-        now = datetime.now(UTC)
-        m = ledger.metrics()
-        for name, value, doc in (
-            ("reserved_mb", m.reserved_mb, "MiB of RAM admitted, summed over reservations."),
-            ("released_mb", m.released_mb, "MiB of RAM returned by deleted reservations."),
-            ("reclaimed_mb", m.reclaimed_mb, "MiB of RAM reclaimed from stale/expired ones."),
-        ):
-            yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
-        failures = CounterMetricFamily(
-            f"{PREFIX}_reserve_failures", "Reservations rejected, by reason.", labels=["reason"]
-        )
-        for reason, count in sorted(m.failures_by_reason.items()):
-            failures.add_metric([str(reason)], count)
-        yield failures
-
-        summary = ledger.summary(now)
-        yield GaugeMetricFamily(
-            f"{PREFIX}_active_entries", "Admitted reservations.", value=summary.active_entries
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_queued_entries",
-            "Reservations waiting for room (spec.wait).",
-            value=len(ledger.waiting),
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_stale_entries",
-            "Admitted reservations past their heartbeat window.",
-            value=summary.stale_entries,
-        )
-        per_node = {
-            "node_total_ram_mb": ("RAM the ledger counts for the node, MiB.", "total_ram_mb"),
-            "node_reserved_ram_mb": ("RAM admitted on the node, MiB.", "reserved_ram_mb"),
-            "node_allocatable_ram_mb": (
-                "RAM still reservable on the node, MiB.",
-                "allocatable_ram_mb",
-            ),
-            "node_reserved_vram_mb": ("VRAM admitted on the node, MiB.", "reserved_vram_mb"),
-            "node_active_entries": ("Admitted reservations on the node.", "active_entries"),
-            "node_stale_entries": ("Stale reservations on the node.", "stale_entries"),
-            "node_queued_entries": ("Reservations waiting for room on the node.", "queued_entries"),
-            "node_queued_ram_mb": ("RAM the waiting reservations ask for, MiB.", "queued_ram_mb"),
-        }
-        families = {
-            key: GaugeMetricFamily(f"{PREFIX}_{key}", doc, labels=["node"])
-            for key, (doc, _) in per_node.items()
-        }
-        utilization = GaugeMetricFamily(
-            f"{PREFIX}_node_utilization_ratio", "Reserved / total RAM on the node.", labels=["node"]
-        )
-        labels = ["node", "device", "kind"]
-        device_memory = GaugeMetricFamily(
-            f"{PREFIX}_device_memory_mb", "Memory of a GPU device, MiB.", labels=labels
-        )
-        device_reserved = GaugeMetricFamily(
-            f"{PREFIX}_device_reserved_mb", "VRAM admitted on a GPU device, MiB.", labels=labels
-        )
-        device_free = GaugeMetricFamily(
-            f"{PREFIX}_device_free_mb",
-            "VRAM still free on a GPU device, MiB (absent when unlimited).",
-            labels=labels,
-        )
-        for node in summary.nodes:
-            for key, (_, attribute) in per_node.items():
-                families[key].add_metric([node.node], float(getattr(node, attribute) or 0))
-            utilization.add_metric([node.node], node.utilization_pct / 100)
-            for room in node.devices or ():
-                device = [node.node, room.device.id, room.device.kind.value]
-                device_memory.add_metric(device, float(room.device.memory_mb))
-                device_reserved.add_metric(device, float(room.held_mb))
-                if room.free_mb is not None:
-                    device_free.add_metric(device, float(room.free_mb))
-        yield from families.values()
-        yield utilization
-        yield from (device_memory, device_reserved, device_free)
-        yield from quota_families(ledger.quotas)
+#: The results of a pod-gating admission review (``headroom_webhook_reviews_total``).
+REVIEW_RESULTS = ("allowed", "patched", "denied", "error")
 
 
-def quota_families(quotas: Quotas) -> Iterator[Metric]:
-    """Per HeadroomQuota: what its namespaces may hold together (a limit is absent where
-    the quota sets none) and what they hold, in total and per namespace holding any."""
-    label = ["quota"]
-    ram_limit = GaugeMetricFamily(
-        f"{PREFIX}_quota_ram_limit_mb",
-        "RAM a quota's namespaces may hold together, MiB (spec.ramMB; absent: no limit).",
-        labels=label,
-    )
-    ram_used = GaugeMetricFamily(
-        f"{PREFIX}_quota_ram_used_mb", "RAM a quota's namespaces hold, MiB.", labels=label
-    )
-    vram_limit = GaugeMetricFamily(
-        f"{PREFIX}_quota_vram_limit_mb",
-        "VRAM a quota's namespaces may hold together, MiB (spec.vramMB; absent: no limit).",
-        labels=label,
-    )
-    vram_used = GaugeMetricFamily(
-        f"{PREFIX}_quota_vram_used_mb", "VRAM a quota's namespaces hold, MiB.", labels=label
-    )
-    entries_limit = GaugeMetricFamily(
-        f"{PREFIX}_quota_entries_limit",
-        "Admitted reservations a quota's namespaces may hold (spec.maxEntries; absent: no limit).",
-        labels=label,
-    )
-    entries = GaugeMetricFamily(
-        f"{PREFIX}_quota_entries", "Admitted reservations a quota's namespaces hold.", labels=label
-    )
-    namespace_ram = GaugeMetricFamily(
-        f"{PREFIX}_quota_namespace_ram_used_mb",
-        "RAM held by each namespace a quota governs (those holding any), MiB.",
-        labels=["quota", "namespace"],
-    )
-    for name in quotas.names():
-        rules = quotas.rules(name)
-        if rules is None:
-            continue
-        used = quotas.used(name)
-        for family, limit in (
-            (ram_limit, rules.ram_mb),
-            (vram_limit, rules.vram_mb),
-            (entries_limit, rules.max_entries),
-        ):
-            if limit is not None:
-                family.add_metric([name], float(limit))
-        ram_used.add_metric([name], float(used.ram_mb))
-        vram_used.add_metric([name], float(used.vram_mb))
-        entries.add_metric([name], float(used.entries))
-        for namespace in quotas.namespaces_of(name):
-            held = quotas.used_by(namespace)
-            if not held.empty:
-                namespace_ram.add_metric([name, namespace], float(held.ram_mb))
-    yield from (ram_limit, ram_used, vram_limit, vram_used, entries_limit, entries, namespace_ram)
+def version() -> str:
+    """The installed package's version (what ``headroom_build_info`` reports)."""
+    try:
+        return metadata.version("headroom")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class EventsCollector(Collector):
@@ -188,54 +60,107 @@ class OperatorMetrics:
     """The registry the operator serves at /metrics."""
 
     def __init__(self, ledger: Callable[[], Ledger | None]) -> None:
-        self.registry = CollectorRegistry()
-        self.registry.register(LedgerCollector(ledger))
+        self.registry = registry = CollectorRegistry()
+        registry.register(LedgerCollector(ledger))
+        Gauge(
+            f"{PREFIX}_build_info",
+            "Always 1; the labels say which build runs.",
+            ["version", "python_version"],
+            registry=registry,
+        ).labels(version(), platform.python_version()).set(1)
+        self.leader = Gauge(
+            f"{PREFIX}_leader",
+            "1 on the replica that decides (holds the Lease, or leader election off and "
+            "ready), 0 otherwise.",
+            registry=registry,
+        )
+        self.undecided = Gauge(
+            f"{PREFIX}_undecided_reservations",
+            "Reservations seen with no decision written to their status yet (waiting for "
+            "the decider, or decided and not yet written); not those waiting for room.",
+            registry=registry,
+        )
         self.admission_latency = Histogram(
             f"{PREFIX}_admission_latency_seconds",
             "From the operator seeing a new reservation to its decision written to status.",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-            registry=self.registry,
+            registry=registry,
         )
         self.decisions = Counter(
             f"{PREFIX}_decisions",
             "Decisions written to status, by phase.",
             ["phase"],
-            registry=self.registry,
+            registry=registry,
         )
         self.status_write_failures = Counter(
             f"{PREFIX}_status_write_failures",
             "Status writes that failed and were rolled back or retried.",
-            registry=self.registry,
+            registry=registry,
+        )
+        self.status_write_retries = Counter(
+            f"{PREFIX}_status_write_retries",
+            "Status writes tried again after a failure (after a backoff).",
+            registry=registry,
         )
         self.queue_wait = Histogram(
             f"{PREFIX}_queue_wait_seconds",
             "From creation to admission, for reservations that waited for room.",
             buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400),
-            registry=self.registry,
+            registry=registry,
         )
         self.pods_gated = Gauge(
             f"{PREFIX}_pods_gated",
             "Pods held now by the scheduling gate headroom.dev/admission.",
-            registry=self.registry,
+            registry=registry,
         )
         self.gate_wait = Histogram(
             f"{PREFIX}_pod_gate_seconds",
             "From the operator first seeing a gated pod to its pin-and-ungate patch landing.",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600),
-            registry=self.registry,
+            registry=registry,
         )
         self.ungate_failures = Counter(
             f"{PREFIX}_pod_ungate_failures",
             "Pin-and-ungate patches refused (the reservation is reclaimed UngateRefused), by "
             "the API server's reason.",
             ["reason"],
-            registry=self.registry,
+            registry=registry,
         )
         self.reclaims = Counter(
             f"{PREFIX}_reclaims",
             "Reservations reclaimed, by reason.",
             ["reason"],
-            registry=self.registry,
+            registry=registry,
+        )
+        self.watch_restarts = Counter(
+            f"{PREFIX}_watch_restarts",
+            "Watch streams started again, by watch and why: ended (the server closed it, "
+            "as it does at its timeout), expired (410 Gone: relisted), failed (an error or "
+            "no answer).",
+            ["resource", "reason"],
+            registry=registry,
+        )
+        self.api_errors = Counter(
+            f"{PREFIX}_api_errors",
+            "Requests of the operator's own Kubernetes client that failed, by verb and code "
+            "(the HTTP status, or timeout / connection when there was no answer).",
+            ["verb", "code"],
+            registry=registry,
+        )
+        self.webhook_reviews = Counter(
+            f"{PREFIX}_webhook_reviews",
+            "Pod admission reviews answered by the webhook, by result: allowed (unchanged), "
+            "patched (gated), denied, error (not a readable AdmissionReview).",
+            ["result"],
+            registry=registry,
+        )
+        for result in REVIEW_RESULTS:
+            self.webhook_reviews.labels(result)
+        self.webhook_review_seconds = Histogram(
+            f"{PREFIX}_webhook_review_seconds",
+            "Time to answer one pod admission review, from its body read to its answer.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=registry,
         )
 
     # -- headroom.control.telemetry.Telemetry ------------------------------------------------
@@ -253,12 +178,37 @@ class OperatorMetrics:
     def status_write_failed(self) -> None:
         self.status_write_failures.inc()
 
+    def status_write_retried(self) -> None:
+        self.status_write_retries.inc()
+
     def ungated(self, seconds: float) -> None:
         self.gate_wait.observe(seconds)
 
     def ungate_failed(self, reason: str) -> None:
         self.ungate_failures.labels(reason).inc()
 
+    def watch_restarted(self, resource: str, reason: str) -> None:
+        self.watch_restarts.labels(resource, reason).inc()
+
+    # -- wired in headroom.main --------------------------------------------------------------
+
+    def api_error(self, verb: str, code: str) -> None:
+        """A request of the operator's client failed (called from the lease thread too)."""
+        self.api_errors.labels(verb, code).inc()
+
+    def reviewed(self, result: str, seconds: float) -> None:
+        """The webhook answered one admission review."""
+        self.webhook_reviews.labels(result).inc()
+        self.webhook_review_seconds.observe(seconds)
+
     def count_gated(self, gated: Callable[[], int]) -> None:
         """Read the number of gated pods from ``gated`` at each scrape."""
         self.pods_gated.set_function(gated)
+
+    def count_undecided(self, undecided: Callable[[], int]) -> None:
+        """Read the number of undecided reservations from ``undecided`` at each scrape."""
+        self.undecided.set_function(undecided)
+
+    def follow_leadership(self, deciding: Callable[[], bool]) -> None:
+        """Read at each scrape whether this replica decides."""
+        self.leader.set_function(lambda: 1.0 if deciding() else 0.0)

@@ -15,6 +15,11 @@ and removed at once. The key is never logged.
 
 Nothing blocks the event loop: building a context (file writes, key parsing) and
 decoding a large body run in a thread.
+
+Each review answered is told to ``on_review(result, seconds)`` (the
+``headroom_webhook_reviews_total`` and ``headroom_webhook_review_seconds`` metrics):
+``allowed`` unchanged, ``patched`` (gated), ``denied``, or ``error`` when the body
+was not a readable AdmissionReview (a 400).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import os
 import shutil
 import ssl
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +66,14 @@ def _context_from_pem(directory: str, cert_pem: bytes, key_pem: bytes) -> ssl.SS
 class WebhookServer:
     """Serves ``/mutate-pods`` over HTTPS once :meth:`load` gave it a certificate."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        on_review: Callable[[str, float], None] = lambda result, seconds: None,
+    ) -> None:
         self._host, self.port = host, port
+        self._on_review = on_review
         self._runner: web.AppRunner | None = None
         self._current: ssl.SSLContext | None = None
         self._directory: str | None = None
@@ -114,14 +127,25 @@ class WebhookServer:
 
     async def _mutate(self, request: web.Request) -> web.Response:
         body = await request.read()
+        started = time.perf_counter()
         try:
             if len(body) > _LARGE_BODY:
                 answer = await asyncio.to_thread(_answer, body)
             else:
                 answer = _answer(body)
         except (ValueError, RecursionError) as error:  # ReviewError is a ValueError
+            self._on_review("error", time.perf_counter() - started)
             return web.Response(status=400, text=f"not an AdmissionReview: {error}"[:1000])
+        self._on_review(result_of(answer), time.perf_counter() - started)
         return web.json_response(answer)
+
+
+def result_of(answer: dict[str, Any]) -> str:
+    """allowed, patched or denied: what an AdmissionReview answer says."""
+    response = answer.get("response") or {}
+    if not response.get("allowed"):
+        return "denied"
+    return "patched" if response.get("patch") else "allowed"
 
 
 def _answer(body: bytes) -> dict[str, Any]:
