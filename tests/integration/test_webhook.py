@@ -206,6 +206,17 @@ def test_opted_in_pods_are_gated_bad_ones_refused_others_untouched(
     assert result.returncode == 0, result.stderr
     assert core.read_namespaced_pod("elsewhere", excluded).spec.scheduling_gates is None
 
+    # Every review the API server sent is counted by its result (the probes of
+    # wait_until_gating were gated too: patched at least three times, denied twice).
+    reviews = operator.metrics()
+    assert reviews['headroom_webhook_reviews_total{result="patched"}'] >= 3
+    assert reviews['headroom_webhook_reviews_total{result="denied"}'] == 2
+    assert reviews['headroom_webhook_reviews_total{result="error"}'] == 0
+    assert reviews["headroom_webhook_review_seconds_count"] == sum(
+        reviews[f'headroom_webhook_reviews_total{{result="{result}"}}']
+        for result in ("allowed", "patched", "denied", "error")
+    )
+
 
 def _assert(condition: bool) -> None:
     assert condition
