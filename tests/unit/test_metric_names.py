@@ -11,17 +11,22 @@ from __future__ import annotations
 import platform
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import cast
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
 from headroom.api.selectors import LabelSelector
+from headroom.kube.events import EventRecorder
+from headroom.kube.transport import Transport
 from headroom.ledger import Entry, Ledger
 from headroom.ledger.quotas import QuotaRules
 from headroom.serving.ledgermetrics import LedgerCollector
-from headroom.serving.metrics import OperatorMetrics, version
+from headroom.serving.metrics import EventsCollector, OperatorMetrics, version
 
+REFERENCE = Path(__file__).resolve().parents[2] / "docs/reference/metrics.md"
 MIB = 1 << 20
 GIB = 1024
 NOW = datetime.now(UTC)
@@ -208,3 +213,14 @@ def test_the_live_metrics_of_the_operator() -> None:
     assert values["headroom_status_write_failures_total"] == 0
     assert values['headroom_webhook_reviews_total{result="patched"}'] == 1
     assert values["headroom_webhook_review_seconds_count"] == 1
+
+
+def test_the_reference_documents_every_metric_and_only_those() -> None:
+    """docs/reference/metrics.md names each exported family, and nothing else."""
+    metrics = OperatorMetrics(busy)
+    metrics.registry.register(EventsCollector(EventRecorder(cast(Transport, None))))
+    exported = {name for name in Scrape(metrics.registry).types if not name.endswith("_created")}
+    documented = set(re.findall(r"\bheadroom_[a-z_]+[a-z]", REFERENCE.read_text()))
+    documented -= {"headroom_dev"}  # a package, not a metric
+    assert exported - documented == set(), "exported, not documented"
+    assert documented - exported == set(), "documented, not exported"
