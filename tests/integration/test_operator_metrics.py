@@ -1,5 +1,6 @@
 """The operator's /metrics on the real control plane: counters across a restart, the
-node's RAM limit under an over-commitment, and which replica decides.
+node's RAM limit under an over-commitment, which replica decides, and what the client
+and the watches report (API errors, watch restarts).
 
 A restart must not make the counters jump: the new process holds every admitted
 reservation again, and that is counted as restored, not as reserved. Prometheus
@@ -9,13 +10,20 @@ everything held would read as that much reserved in one scrape.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
 
+import pytest
 from kubernetes import client
 
+from headroom.api.paths import NODES, node_path
+from headroom.kube.client import Credentials, KubeClient
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
+from headroom.kube.watch import follow
 from headroom_dev import reservations as rsv
+from headroom_dev.controlplane import ControlPlane, free_port
 from headroom_dev.nodes import set_node_memory
 from headroom_dev.operator import OperatorProcess
 from tests.integration.polling import eventually
@@ -136,3 +144,66 @@ def test_one_replica_decides_and_a_standby_takes_over_with_its_counters_at_zero(
     assert m["headroom_leader"] == 1
     assert m["headroom_reserved_bytes_total"] == 0
     assert m["headroom_restored_bytes_total"] == 1024 * MIB
+
+
+class ShortWatches:
+    """The operator's client, its watches ended by the server after a second (as the
+    server ends them at the timeout asked for, 270 s in production)."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+
+    def watch(
+        self, path: str, *, resource_version: str, label_selector: str | None = None
+    ) -> AsyncIterator[JSON]:
+        return self.kube.watch(path, resource_version=resource_version, timeout_seconds=1)
+
+
+async def test_the_client_reports_failed_requests_and_the_watch_its_restarts(
+    control_plane: ControlPlane,
+) -> None:
+    errors: list[tuple[str, str]] = []
+    kube = KubeClient(control_plane.admin_credentials(), on_error=lambda *e: errors.append(e))
+    try:
+        with pytest.raises(ApiError):
+            await kube.get(node_path(f"none-{uuid.uuid4().hex[:6]}"))
+        _, version = await kube.list_all(NODES)
+        restarts: list[str] = []
+        twice = asyncio.Event()
+
+        def restarted(reason: str) -> None:
+            restarts.append(reason)
+            if len(restarts) == 2:
+                twice.set()
+
+        async def relist() -> str:
+            return (await kube.list_all(NODES))[1]
+
+        follower = asyncio.create_task(
+            follow(
+                cast(Transport, ShortWatches(kube)),
+                NODES,
+                version,
+                lambda kind, obj: None,
+                relist,
+                restarted=restarted,
+            )
+        )
+        try:
+            await asyncio.wait_for(twice.wait(), timeout=20)
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+        assert restarts[:2] == ["ended", "ended"]
+    finally:
+        await kube.close()
+    assert errors == [("get", "404")]  # the watches ended cleanly: no error
+
+    unreachable = Credentials(server=f"http://127.0.0.1:{free_port()}")
+    nobody = KubeClient(unreachable, on_error=lambda *e: errors.append(e))
+    try:
+        with pytest.raises(ApiUnavailableError):
+            await nobody.list_page(NODES)
+    finally:
+        await nobody.close()
+    assert errors[1:] == [("list", "connection")]
