@@ -22,6 +22,7 @@ from headroom.api.config import OperatorConfig, parse_config
 from headroom.control.controller import Controller
 from headroom.control.supervisor import Supervisor
 from headroom.kube.client import KubeClient
+from headroom.serving.metrics import OperatorMetrics
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.faults import FaultyTransport, Rule
@@ -128,7 +129,8 @@ async def test_a_reclaim_whose_writes_keep_failing_is_written_in_the_end(
     """Issue 11, item 4: five failures used to drop the reclaim; the object stayed Admitted."""
     node = f"n-{uuid.uuid4().hex[:6]}"
     make_node(node, memory="5Gi")
-    controller = await start()
+    metrics = OperatorMetrics(lambda: None)
+    controller = await start(telemetry=metrics)
     await asyncio.to_thread(rsv.create, custom, namespace, "retried", node, 1024, expiresAt=soon(2))
     assert (await asyncio.to_thread(rsv.wait_for, custom, namespace, "retried"))["status"][
         "phase"
@@ -137,6 +139,11 @@ async def test_a_reclaim_whose_writes_keep_failing_is_written_in_the_end(
     status = await asyncio.to_thread(rsv.wait_for, custom, namespace, "retried", ("Reclaimed",), 30)
     assert status["status"]["reason"] == "Expired"
     assert transport.calls_to("PATCH", "/reservations/retried/status") >= 7
+    failed = metrics.registry.get_sample_value("headroom_status_write_failures_total")
+    retried = metrics.registry.get_sample_value("headroom_status_write_retries_total")
+    assert failed is not None
+    assert failed >= 1
+    assert retried == failed  # each unanswered write was tried again
 
     # A reclaim refused outright (403) is not retried in a loop, and the resync repairs it.
     await asyncio.to_thread(rsv.create, custom, namespace, "refused", node, 1024, expiresAt=soon(2))
@@ -154,6 +161,8 @@ async def test_a_reclaim_whose_writes_keep_failing_is_written_in_the_end(
     attempts = transport.calls_to("PATCH", "/reservations/refused/status")
     assert attempts <= 3, f"{attempts} attempts in 2 s: a refusal is not retried in a loop"
     assert (await status_of(custom, namespace, "refused"))["phase"] == "Admitted"
+    assert metrics.registry.get_sample_value("headroom_status_write_failures_total") > failed
+    assert metrics.registry.get_sample_value("headroom_status_write_retries_total") == retried
     forbidden.times = 0
     await controller.resync()
     await eventually(lambda: not any(not r.confirmed for r in controller.state.records.values()))
