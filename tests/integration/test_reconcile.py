@@ -104,11 +104,17 @@ async def test_a_reservation_reclaimed_while_its_admission_backs_off_is_never_ad
     )
     uid = created["metadata"]["uid"]
     await eventually(lambda: uid in controller.state.holders.values(), what="admitted in memory")
+    # Decided, never written: undecided as far as anyone reading the object knows
+    # (headroom_undecided_reservations), unless the reclaim came first.
+    assert controller.admission.undecided() == (
+        controller.state.records[uid].decision.phase != "Reclaimed"
+    )
     await eventually(
         lambda: controller.state.records[uid].decision.phase == "Reclaimed",
         within=10,
         what="reclaimed at its expiry",
     )
+    assert controller.admission.undecided() == 0  # a reclaim is not a first decision
     assert controller.state.holders  # held until the object shows Reclaimed
     assert transport.calls_to("PATCH", "/reservations/brief/status") >= 2  # it did back off
     refusing.times = 0  # the API server answers again
