@@ -22,8 +22,10 @@ from headroom.kube.clock import Clock, SystemClock
 from headroom.kube.leader import LeaseSettings
 from headroom.kube.leasethread import LeaseThread
 from headroom.objects.certificates import CertificatePolicy, service_names
+from headroom.serving.access import AccessReviewer
 from headroom.serving.metrics import EventsCollector, OperatorMetrics
 from headroom.serving.probes import ProbeServer
+from headroom.serving.scrape import MetricsServer
 from headroom.serving.webhook import WebhookServer
 
 log = logging.getLogger("headroom")
@@ -105,6 +107,22 @@ def _webhook(
     return server, keeper
 
 
+def _metrics_server(
+    config: OperatorConfig, metrics: OperatorMetrics, client: KubeClient, clock: Clock
+) -> MetricsServer:
+    """/metrics: authenticated HTTPS unless the config opts out (``metricsSecure: false``)."""
+    if not config.metrics_secure:
+        return MetricsServer(metrics, config.metrics_host, config.metrics_port)
+    return MetricsServer(
+        metrics,
+        config.metrics_host,
+        config.metrics_port,
+        reviewer=AccessReviewer(client, clock),
+        names=("localhost", "127.0.0.1", socket.gethostname()),
+        cert_dir=config.metrics_cert_dir,
+    )
+
+
 def _stop_deciding_now() -> None:
     """Lost the Lease: exit at once; the Deployment restarts us as a standby."""
     logging.shutdown()
@@ -148,14 +166,17 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
     webhook = _webhook(config, client, clock, metrics)
     probes = ProbeServer(
         controller,
-        metrics,
-        config.metrics_host,
-        config.metrics_port,
+        config.probe_host,
+        config.probe_port,
         standby=lambda: elector is not None and not elector.is_leader,
         webhook_ready=lambda: webhook is None or webhook[0].ready,
     )
+    scrapes = _metrics_server(config, metrics, client, clock)
+    await scrapes.start()
+    if config.metrics_secure and config.metrics_cert_dir is not None:
+        supervisor.spawn("metrics-certificate", scrapes.keep_certificate())
     await probes.start()
-    log.info("metrics and probes on %s:%d", config.metrics_host, probes.port)
+    log.info("probes on http://%s:%d", config.probe_host, probes.port)
     if webhook is not None:  # every replica serves it, before and without the Lease
         await webhook[0].start()
         supervisor.spawn("webhook-certificate", webhook[1].run())
@@ -179,6 +200,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
         if elector is not None:
             await elector.release()
         await probes.stop()
+        await scrapes.stop()
         if webhook is not None:
             await webhook[0].stop()
         await client.close()

@@ -155,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         ).start()
         try:
             _say(f"control plane up at {plane.url}; CRDs: {', '.join(crds)}")
-            _say(
-                f"operator running (log: {operator.log}; metrics: "
-                f"http://127.0.0.1:{operator.port}/metrics)"
-            )
+            _say(f"operator running (log: {operator.log}; metrics: {operator.metrics_url})")
             _say(f"demo nodes: {', '.join(n for n, _, _ in DEMO_NODES)}")
             _say("\nIn another shell:\n")
             _say(f"  export KUBECONFIG={kubeconfig}")

@@ -2,6 +2,12 @@
 
 A subprocess (not an in-process task) so that tests can SIGKILL it mid-flight,
 restart it and prove the ledger is rebuilt from the API alone.
+
+Probes and metrics listen on two free loopback ports. The harness opts in to plain
+HTTP metrics (``metricsSecure: false``) unless the config asks for the secure
+endpoint: the tests that read metrics are about the metrics, and the ones about
+their protection (tests/integration/test_metrics_auth.py) scrape with real tokens
+through :meth:`OperatorProcess.scrape`.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import http.client
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -32,8 +39,16 @@ class OperatorProcess:
         self.kubeconfig = kubeconfig
         self.args = args
         self.workdir = workdir
-        self.port = free_port()
-        self.config = {**(config or {}), "metricsPort": self.port, "metricsHost": "127.0.0.1"}
+        self.port = free_port()  # the probes'
+        self.metrics_port = free_port()
+        self.config = {
+            "metricsSecure": False,
+            **(config or {}),
+            "probePort": self.port,
+            "probeHost": "127.0.0.1",
+            "metricsPort": self.metrics_port,
+            "metricsHost": "127.0.0.1",
+        }
         self.config_path = workdir / "headroom.yaml"
         self.log = workdir / "operator.log"
         self.popen: subprocess.Popen[bytes] | None = None
@@ -61,14 +76,39 @@ class OperatorProcess:
             self.wait_ready(timeout)
         return self
 
+    @property
+    def metrics_secure(self) -> bool:
+        return bool(self.config["metricsSecure"])
+
+    @property
+    def metrics_url(self) -> str:
+        scheme = "https" if self.metrics_secure else "http"
+        return f"{scheme}://127.0.0.1:{self.metrics_port}/metrics"
+
     def get(self, path: str) -> tuple[int, str]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read().decode()
-        finally:
-            conn.close()
+        """GET a probe, or /metrics (with no token: 401 on the secure endpoint)."""
+        if path == "/metrics":
+            return self.scrape()
+        return _get(http.client.HTTPConnection("127.0.0.1", self.port, timeout=5), path)
+
+    def scrape(
+        self, token: str | None = None, context: ssl.SSLContext | None = None
+    ) -> tuple[int, str]:
+        """GET /metrics, with ``Authorization: Bearer token`` if given; over TLS when the
+        endpoint is secure (``context``: how to verify it; default: not at all, as for
+        the self-signed certificate)."""
+        if not self.metrics_secure:
+            conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=5)
+        else:
+            if context is None:
+                context = ssl.create_default_context()
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            conn = http.client.HTTPSConnection(
+                "127.0.0.1", self.metrics_port, timeout=5, context=context
+            )
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        return _get(conn, "/metrics", headers)
 
     def ready(self, body: str | None = None) -> bool:
         """/readyz answers 200 (and, if given, exactly ``body``: "ok" or "standby")."""
@@ -124,3 +164,14 @@ class OperatorProcess:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def _get(
+    conn: http.client.HTTPConnection, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    try:
+        conn.request("GET", path, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()

@@ -133,3 +133,16 @@ def test_bad_gpu_settings_name_the_field(text: str, named: str) -> None:
     with pytest.raises(ConfigError, match=r"f\.yaml") as error:
         parse_config(text, "f.yaml")
     assert named in str(error.value)
+
+
+def test_metrics_are_secure_by_default_and_probes_apart() -> None:
+    config = parse_config("")
+    assert (config.probe_port, config.metrics_port) == (8081, 8443)
+    assert config.metrics_secure is True
+    assert config.metrics_cert_dir is None
+    plain = parse_config("metricsSecure: false\nmetricsPort: 8080")
+    assert (plain.metrics_secure, plain.metrics_port) == (False, 8080)
+    with pytest.raises(ConfigError, match="probePort and metricsPort are both 9000"):
+        parse_config("probePort: 9000\nmetricsPort: 9000")
+    with pytest.raises(ConfigError, match="metricsSecure"):
+        parse_config("metricsSecure: 'no'")

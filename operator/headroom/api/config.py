@@ -301,8 +301,35 @@ class OperatorConfig(BaseModel):
         default_factory=LeaderElectionConfig, alias="leaderElection"
     )
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
-    metrics_port: StrictInt = Field(8080, alias="metricsPort", ge=0, le=65535)
-    metrics_host: str = Field("0.0.0.0", alias="metricsHost")  # a pod listens on all interfaces
+    probe_port: StrictInt = Field(
+        8081, alias="probePort", ge=0, le=65535, description="/healthz and /readyz, plain HTTP."
+    )
+    probe_host: str = Field("0.0.0.0", alias="probeHost")  # a pod listens on all interfaces
+    metrics_port: StrictInt = Field(8443, alias="metricsPort", ge=0, le=65535)
+    metrics_host: str = Field("0.0.0.0", alias="metricsHost")
+    metrics_secure: StrictBool = Field(
+        True,
+        alias="metricsSecure",
+        description=(
+            "true: /metrics over HTTPS, to a bearer token whose user may get the URL "
+            "/metrics (TokenReview, SubjectAccessReview). false: plain HTTP to anyone."
+        ),
+    )
+    metrics_cert_dir: str | None = Field(
+        None,
+        alias="metricsCertDir",
+        min_length=1,
+        description=(
+            "A directory with tls.crt and tls.key (a mounted Secret), read again every "
+            "minute; null: a self-signed certificate made in memory at start."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _ports_apart(self) -> OperatorConfig:
+        if self.probe_port and self.probe_port == self.metrics_port:
+            raise ValueError(f"probePort and metricsPort are both {self.probe_port}")
+        return self
 
 
 class ConfigError(ValueError):

@@ -1,4 +1,8 @@
-"""The operator's HTTP endpoint: /metrics, /healthz and /readyz on one port.
+"""The kubelet's endpoint: /healthz and /readyz, plain HTTP on their own port.
+
+They say nothing that needs protecting (ok, standby, or why not ready) and the
+kubelet cannot present a token, so they stay apart from /metrics
+(:mod:`headroom.serving.scrape`), which needs one.
 
 /healthz answers 503 with the reason as soon as a long-lived task has died (the
 process then exits; the kubelet's liveness probe would restart it anyway).
@@ -14,23 +18,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from headroom.control.controller import Controller
-from headroom.serving.metrics import OperatorMetrics
 
 
 class ProbeServer:
     def __init__(
         self,
         controller: Controller,
-        metrics: OperatorMetrics,
         host: str,
         port: int,
         standby: Callable[[], bool] = lambda: False,
         webhook_ready: Callable[[], bool] = lambda: True,
     ) -> None:
-        self._controller, self._registry = controller, metrics.registry
+        self._controller = controller
         self._host, self._port = host, port
         self._standby, self._webhook_ready = standby, webhook_ready
         self._runner: web.AppRunner | None = None
@@ -38,7 +39,6 @@ class ProbeServer:
 
     async def start(self) -> None:
         app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         self._runner = web.AppRunner(app, access_log=None)
@@ -53,10 +53,6 @@ class ProbeServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self._registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:
         failure = self._controller.supervisor.failure

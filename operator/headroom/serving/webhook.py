@@ -5,13 +5,9 @@ Every replica serves it, leader or standby: the answer depends on the pod alone
 review to any ready replica.
 
 The certificate can change under a running server (renewal, or another replica
-rotated the shared Secret). New TLS handshakes must get the new one without a
-restart or a dropped listener, so the listening context chooses, in its SNI
-callback (OpenSSL calls it for every ClientHello, with or without a server
-name), the context built from the newest certificate. Python's ``ssl`` can only
-load a key from a file: it is written to a private temporary directory (an
-in-memory emptyDir in the chart, where the root filesystem is read-only), loaded,
-and removed at once. The key is never logged.
+rotated the shared Secret). New TLS handshakes get the new one without a restart
+or a dropped listener (:class:`headroom.serving.tls.SwappableContext`); the key
+is written to disk only while it is loaded (:func:`headroom.serving.tls.context_from_pem`).
 
 Nothing blocks the event loop: building a context (file writes, key parsing) and
 decoding a large body run in a thread.
@@ -27,18 +23,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import shutil
-import ssl
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from headroom.objects.gating import ReviewError, review_response
+from headroom.serving.tls import SwappableContext, context_from_pem
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +41,6 @@ PATH = "/mutate-pods"
 MAX_BODY = 4 << 20
 #: Bodies larger than this are decoded in a thread.
 _LARGE_BODY = 64 << 10
-
-
-def _context_from_pem(directory: str, cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
-    """A server context for the pair; the files exist only while it is loaded."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    handle, name = tempfile.mkstemp(dir=directory, suffix=".pem")
-    try:
-        with os.fdopen(handle, "wb") as out:  # mkstemp: mode 0600, only this user
-            out.write(key_pem + b"\n" + cert_pem)
-        context.load_cert_chain(name)
-    finally:
-        Path(name).unlink(missing_ok=True)
-    return context
 
 
 class WebhookServer:
@@ -75,25 +55,22 @@ class WebhookServer:
         self._host, self.port = host, port
         self._on_review = on_review
         self._runner: web.AppRunner | None = None
-        self._current: ssl.SSLContext | None = None
+        self._tls = SwappableContext()
         self._directory: str | None = None
         self.certificate: bytes | None = None
 
     @property
     def ready(self) -> bool:
         """A serving certificate is loaded: new handshakes can complete."""
-        return self._current is not None
+        return self._tls.current is not None
 
     async def start(self) -> None:
         self._directory = await asyncio.to_thread(tempfile.mkdtemp, prefix="headroom-webhook-")
-        listening = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        listening.minimum_version = ssl.TLSVersion.TLSv1_2
-        listening.sni_callback = self._choose
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(PATH, self._mutate)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self.port, ssl_context=listening)
+        site = web.TCPSite(self._runner, self._host, self.port, ssl_context=self._tls.listening)
         await site.start()
         sockets = getattr(site._server, "sockets", None) or []
         if sockets:
@@ -112,18 +89,9 @@ class WebhookServer:
             return
         if self._directory is None:
             raise RuntimeError("load() before start()")
-        self._current = await asyncio.to_thread(
-            _context_from_pem, self._directory, cert_pem, key_pem
-        )
+        self._tls.set(await asyncio.to_thread(context_from_pem, self._directory, cert_pem, key_pem))
         self.certificate = cert_pem
         log.info("webhook serving certificate loaded")
-
-    def _choose(self, connection: Any, _server_name: str | None, _: ssl.SSLContext) -> int | None:
-        current = self._current
-        if current is None:
-            return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE  # not ready: no certificate yet
-        connection.context = current
-        return None
 
     async def _mutate(self, request: web.Request) -> web.Response:
         body = await request.read()
