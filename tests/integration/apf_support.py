@@ -33,6 +33,8 @@ GROUP_VERSIONS = {
     "coordination.k8s.io": "v1",
     "apiextensions.k8s.io": "v1",
     "admissionregistration.k8s.io": "v1",
+    "authentication.k8s.io": "v1",
+    "authorization.k8s.io": "v1",
 }
 CLUSTER_SCOPED = {
     "nodes",
@@ -42,6 +44,8 @@ CLUSTER_SCOPED = {
     "resourceslices",
     "customresourcedefinitions",
     "mutatingwebhookconfigurations",
+    "tokenreviews",
+    "subjectaccessreviews",
 }
 
 

@@ -82,6 +82,7 @@ def test_default_render() -> None:
     assert kinds == sorted(
         [
             "ClusterRole/headroom-edit",
+            "ClusterRole/headroom-metrics-reader",
             "ClusterRole/headroom-nodeheadroom-reader",
             "ClusterRole/headroom-operator",
             "ClusterRole/headroom-quota-admin",
@@ -118,7 +119,7 @@ def test_default_render() -> None:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
 
 
 def test_non_default_render() -> None:
@@ -484,6 +485,7 @@ def test_rendered_manifests_apply_cleanly(installed: None, kubectl: Kubectl) -> 
         "headroom-nodeheadroom-reader",
         "headroom-quota-admin",
         "headroom-quota-reader",
+        "headroom-metrics-reader",
     ):
         assert f"clusterrole.rbac.authorization.k8s.io/{role}" in roles
     # API Priority and Fairness (cluster-scoped; tests/integration/test_api_fairness.py).
