@@ -18,5 +18,5 @@ COPY --from=build /wheels /wheels
 COPY hack/image/install.sh /usr/local/bin/headroom-install
 RUN headroom-install runtime /wheels && rm -rf /wheels /usr/local/bin/headroom-install
 USER 65532:65532
-EXPOSE 8080
+EXPOSE 8443 8081
 ENTRYPOINT ["headroom", "run"]

@@ -142,7 +142,8 @@ def test_config_is_the_dockerfiles(image: Image) -> None:
     env = dict(pair.split("=", 1) for pair in config["Env"])
     assert dockerfile_env().items() <= env.items()
     assert "/usr/local/bin" in env["PATH"].split(":")
-    assert set(config["ExposedPorts"]) == {f"{instruction('EXPOSE')}/tcp"} == {"8080/tcp"}
+    exposed = {f"{port}/tcp" for port in instruction("EXPOSE").split()}
+    assert set(config["ExposedPorts"]) == exposed == {"8443/tcp", "8081/tcp"}  # metrics, probes
     assert image.config["architecture"] == "amd64"
     assert image.config["os"] == "linux"
 

@@ -49,6 +49,8 @@ VALUES: dict[str, Any] = {
         "reclaimedRetention": "10m",
     },
     "nodeHeadroomReaders": {"serviceAccounts": [{"namespace": TEAM, "name": WORKER}]},
+    # The worker may scrape /metrics too (the chart's default: HTTPS and a token).
+    "metrics": {"readers": {"serviceAccounts": [{"namespace": TEAM, "name": WORKER}]}},
 }
 MiB = 1 << 20
 
@@ -505,6 +507,46 @@ def test_a_second_release_in_another_namespace_does_not_collide(
     heartbeats.names.add("after-second")
     cluster.apply([reservation("after-second", cluster.node.name, 64)])
     eventually(lambda: admitted(cluster, "after-second"), timeout=30)
+
+
+#: Run inside the operator's container (its image has Python): GET /metrics over TLS
+#: (the self-signed certificate, so unverified) with argv[1] as the token, if any.
+SCRAPE = """
+import ssl, sys, urllib.request, urllib.error
+context = ssl.create_default_context()
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+request = urllib.request.Request("https://127.0.0.1:8443/metrics")
+if len(sys.argv) > 1:
+    request.add_header("Authorization", "Bearer " + sys.argv[1])
+try:
+    with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+        print(answer.status, "# TYPE headroom_" in answer.read().decode())
+except urllib.error.HTTPError as error:
+    print(error.code, False)
+"""
+
+
+def test_metrics_need_a_token_whose_account_may_read_them(cluster: NodeCluster) -> None:
+    """The chart's defaults on a real pod: no token 401; the operator's own token 403
+    (its account is not a reader); the worker's (metrics.readers) 200 with metrics.
+    The kubelet's probes, on their own plain-HTTP port, keep the pods Ready meanwhile."""
+    pod = operator_pods(cluster)[0]["metadata"]["name"]
+
+    def scrape(*token: str) -> str:
+        argv = ["exec", "-n", RELEASE_NAMESPACE, pod, "--", "python", "-c", SCRAPE, *token]
+        return cluster.kubectl(*argv).strip()
+
+    assert scrape() == "401 False"
+    read_own = "print(open('/var/run/secrets/kubernetes.io/serviceaccount/token').read())"
+    operator_token = cluster.kubectl(
+        "exec", "-n", RELEASE_NAMESPACE, pod, "--", "python", "-c", read_own
+    ).strip()
+    assert scrape(operator_token) == "403 False"
+    worker_token = cluster.kubectl("create", "token", WORKER, "-n", TEAM).strip()
+    assert scrape(worker_token) == "200 True"
+    for p in operator_pods(cluster):
+        ready = [c for c in p["status"]["conditions"] if c["type"] == "Ready"]
+        assert [c["status"] for c in ready] == ["True"]
 
 
 def test_helm_uninstall_keeps_the_crds_and_every_reservation(cluster: NodeCluster) -> None:
