@@ -5,6 +5,8 @@ ServiceMonitor both ways, and the NetworkPolicy off by default."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from subprocess import CompletedProcess
 from typing import Any
 
 import yaml
@@ -200,3 +202,24 @@ def test_the_notes_say_who_may_scrape() -> None:
         "install", "hr", str(CHART), "--dry-run", "-n", "ops", "--set", "metrics.secure=false"
     )
     assert "metrics-reader" not in plain.stdout.split("NOTES:", 1)[1]
+
+
+def test_the_network_policy_and_the_metrics_objects_pass_the_api_servers_validation(
+    kubectl: Callable[..., CompletedProcess[str]],
+) -> None:
+    """The real API server's own validation (a server-side dry run) of what the chart
+    renders with the NetworkPolicy on and a mounted certificate."""
+    docs = render(
+        "networkPolicy.enabled=true",
+        'networkPolicy.webhook.from=[{"ipBlock": {"cidr": "10.0.0.0/24"}}]',
+        'networkPolicy.egress=[{"ports": [{"port": 443}]}]',
+        'metrics.tls.secretName="metrics-tls"',
+        'metrics.readers={"serviceAccounts": [{"namespace": "monitoring", "name": "prom"}]}',
+    )
+    kinds = {"NetworkPolicy", "Deployment", "Service", "ClusterRole", "ClusterRoleBinding"}
+    wanted = [d for d in docs if d["kind"] in kinds]
+    assert {d["kind"] for d in wanted} == kinds
+    kubectl("create", "namespace", NAMESPACE)  # may exist already: the dry run needs it
+    result = kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(wanted))
+    assert result.returncode == 0, result.stderr
+    assert "networkpolicy.networking.k8s.io/headroom created (server dry run)" in result.stdout
