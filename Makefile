@@ -45,6 +45,10 @@ helm: ## Also build helm (chart rendering and install; make dev does not need it
 controllers: ## Also build kube-controller-manager and kube-scheduler (the tests that need a garbage collector).
 	bash hack/controlplane/build.sh kube-controller-manager kube-scheduler
 
+.PHONY: prometheus
+prometheus: ## Debian's prometheus and promtool into the cache (apt-get download, no service started): the alert tests.
+	bash hack/prometheus.sh
+
 .PHONY: image
 image: ## Build the operator's OCI image without a Docker engine (cached; root, Debian packages installed if missing).
 	bash hack/node/deps.sh
@@ -76,7 +80,7 @@ test-unit: venv ## Fast tests of the pure code; no cluster.
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv controlplane helm controllers node image verify ## Install what is missing, then run every test (unit, integration, e2e).
+test: venv controlplane helm controllers node image prometheus verify ## Install what is missing, then run every test (unit, integration, e2e).
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
 
 .PHONY: sim

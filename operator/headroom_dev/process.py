@@ -32,13 +32,13 @@ def bin_dir() -> Path:
     return Path(os.environ.get("HEADROOM_BIN_DIR", DEFAULT_BIN_DIR))
 
 
-def binary(name: str, build: str = "make controlplane") -> Path:
+def binary(
+    name: str, build: str = "make controlplane", script: str = "hack/controlplane/build.sh"
+) -> Path:
     """Path of a built binary; a loud error naming the command that builds it if missing."""
     path = bin_dir() / name
     if not os.access(path, os.X_OK):
-        raise ControlPlaneError(
-            f"{name} not found at {path}: run `{build}` (hack/controlplane/build.sh)"
-        )
+        raise ControlPlaneError(f"{name} not found at {path}: run `{build}` ({script})")
     return path
 
 
