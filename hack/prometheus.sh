@@ -28,9 +28,16 @@ fi
 dir="$cache/prometheus/$version"
 if [[ ! -x "$dir/usr/bin/prometheus" || ! -x "$dir/usr/bin/promtool" ]]; then
   echo "fetching Debian's prometheus $version (apt-get download, about 19 MB) ..." >&2
-  work="$(mktemp -d)" && chmod 755 "$work"  # _apt writes there
+  work="$(mktemp -d)"
+  if [[ $EUID -eq 0 ]] && id _apt >/dev/null 2>&1; then chown _apt "$work"; fi  # apt's sandbox user writes there
   trap 'rm -rf "$work"' EXIT
-  (cd "$work" && apt-get download -qq "prometheus=$version")
+  if ! (cd "$work" && apt-get download -qq "prometheus=$version"); then
+    # Lists older than the mirror name a version it no longer has: refresh them, once.
+    [[ $EUID -eq 0 ]] || { echo "hack/prometheus.sh: apt-get download prometheus=$version failed; try 'sudo apt-get update'" >&2; exit 1; }
+    apt-get update -qq
+    version="$(candidate)" dir="$cache/prometheus/$(candidate)"
+    (cd "$work" && apt-get download -qq "prometheus=$version")
+  fi
   rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
   dpkg -x "$work"/prometheus_*.deb "$dir.tmp"
   rm -rf "$dir" && mv "$dir.tmp" "$dir"
