@@ -89,7 +89,8 @@ def _within(fired: dict[str, str], series: dict[str, str]) -> bool:
 
 
 def test_every_alert_says_what_and_links_its_runbook_section() -> None:
-    anchors = github_anchors(RUNBOOKS.read_text())
+    runbooks = RUNBOOKS.read_text()
+    anchors = github_anchors(runbooks)
     for alert in alerts():
         name, annotations = alert["alert"], alert["annotations"]
         assert alert["labels"]["severity"] in ("critical", "warning"), name
@@ -100,6 +101,8 @@ def test_every_alert_says_what_and_links_its_runbook_section() -> None:
         assert url.path.endswith(RUNBOOKS_PATH), (name, url)
         assert url.fragment == name.lower(), (name, url.fragment)
         assert url.fragment in anchors, f"{name}: no section #{url.fragment} in {RUNBOOKS}"
+        row = f"| [{name}](#{url.fragment}) | {alert['labels']['severity']} |"
+        assert row in runbooks, f"{name}: the table of {RUNBOOKS.name} lacks {row}"
     assert len({a["annotations"]["runbook_url"] for a in alerts()}) == len(alerts())
 
 
