@@ -6,8 +6,9 @@ with the shipped rules file loaded, while a short demo load runs on the real con
 plane: nodes, admitted and rejected reservations, and one that queues and is admitted
 when room is released. Then, through Prometheus' HTTP API, every query of every
 dashboard panel (Grafana's variables substituted as Grafana would) and every alert
-expression evaluates without error, every rule's evaluation is healthy, and the core
-panels return data.
+expression evaluates without error, every rule's evaluation is healthy, the core
+panels return data, and no alert whose metrics the operator serves is pending or firing
+on this healthy operator.
 
 The core panels are listed explicitly and are those on metrics the operator serves
 today (issue 23 renames metrics to bytes and adds headroom_build_info, headroom_leader,
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "headroom" / "dashboards" / "headroom.json"
 RULES = ROOT / "charts" / "headroom" / "rules" / "headroom-alerts.yaml"
 JOB = "headroom"
+METRIC = re.compile(r"\bheadroom_[a-z_]+")
 
 #: Panels whose every query must return a finite sample after the demo load: those on
 #: metrics the operator serves on main today.
@@ -117,43 +119,70 @@ def test_dashboard_and_alert_queries_on_a_live_prometheus(
         prom.wait_for('sum(rate(headroom_decisions_total{phase="Admitted"}[5m])) > 0')
         prom.wait_for("sum(rate(headroom_queue_wait_seconds_count[5m])) > 0")
         time.sleep(1.5)
+        check_dashboard(prom, nodes)
+        check_alerts(prom, served_metrics(operator))
 
-        dashboard = json.loads(DASHBOARD.read_text())
-        variables = {
-            "node": "|".join(nodes),  # a multi-value variable: Grafana joins with |
-            "quota": ".*",  # All, no quota in the load
-            "datasource": "prometheus",
-            "__rate_interval": "1m",
-            "__interval": "1s",
-            "__range": "5m",
-        }
-        for variable in dashboard["templating"]["list"]:
-            query = variable.get("query", "")
-            found = re.fullmatch(r"label_values\((\w+), *(\w+)\)", query)
-            if variable["type"] == "query":
-                assert found, f"${variable['name']}: not a label_values query: {query}"
-                metric, label = found.groups()
-                prom.api(f"label/{label}/values", **{"match[]": metric})
 
-        returned: dict[str, bool] = {}
-        for panel in panels(dashboard):
-            title = panel.get("title", "")
-            for target in panel.get("targets", []):
-                expr = grafana_substitute(target["expr"], variables)
-                samples = prom.query(expr)  # PrometheusError if Prometheus refuses it
-                returned[title] = returned.get(title, True) and finite(samples)
-        missing = [t for t in CORE_PANELS if t not in returned]
-        assert missing == [], f"core panels not in the dashboard: {missing}"
-        empty = [t for t in CORE_PANELS if not returned[t]]
-        assert empty == [], f"core panels without data after the load: {empty}"
+def check_dashboard(prom: PrometheusServer, nodes: list[str]) -> None:
+    """Every query of the dashboard (its variables' too) evaluates; the core panels' return
+    a finite sample."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {
+        "node": "|".join(nodes),  # a multi-value variable: Grafana joins with |
+        "quota": ".*",  # All, no quota in the load
+        "datasource": "prometheus",
+        "__rate_interval": "1m",
+        "__interval": "1s",
+        "__range": "5m",
+    }
+    for variable in dashboard["templating"]["list"]:
+        query = variable.get("query", "")
+        found = re.fullmatch(r"label_values\((\w+), *(\w+)\)", query)
+        if variable["type"] == "query":
+            assert found, f"${variable['name']}: not a label_values query: {query}"
+            metric, label = found.groups()
+            prom.api(f"label/{label}/values", **{"match[]": metric})
 
-        rules = yaml.safe_load(RULES.read_text())["groups"]
-        alerts = [r for g in rules for r in g["rules"] if "alert" in r]
-        for alert in alerts:
-            prom.query(alert["expr"])
-        evaluated = _rules_evaluated(prom, {a["alert"] for a in alerts})
-        unhealthy = {n: r.get("lastError") for n, r in evaluated.items() if r["health"] != "ok"}
-        assert unhealthy == {}, unhealthy
+    returned: dict[str, bool] = {}
+    for panel in panels(dashboard):
+        title = panel.get("title", "")
+        for target in panel.get("targets", []):
+            expr = grafana_substitute(target["expr"], variables)
+            samples = prom.query(expr)  # PrometheusError if Prometheus refuses it
+            returned[title] = returned.get(title, True) and finite(samples)
+    missing = [t for t in CORE_PANELS if t not in returned]
+    assert missing == [], f"core panels not in the dashboard: {missing}"
+    empty = [t for t in CORE_PANELS if not returned[t]]
+    assert empty == [], f"core panels without data after the load: {empty}"
+
+
+def check_alerts(prom: PrometheusServer, served: set[str]) -> None:
+    """Every alert expression evaluates and every rule is healthy; on this healthy operator,
+    no alert whose metrics are all served is pending or firing."""
+    rules = yaml.safe_load(RULES.read_text())["groups"]
+    alerts = [r for g in rules for r in g["rules"] if "alert" in r]
+    for alert in alerts:
+        prom.query(alert["expr"])
+    evaluated = _rules_evaluated(prom, {a["alert"] for a in alerts})
+    unhealthy = {n: r.get("lastError") for n, r in evaluated.items() if r["health"] != "ok"}
+    assert unhealthy == {}, unhealthy
+
+    checked = {a["alert"] for a in alerts if set(METRIC.findall(a["expr"])) <= served}
+    assert {"HeadroomStatusWritesFailing", "HeadroomManyStaleEntries"} <= checked
+    active = {(a["labels"]["alertname"], a["state"]) for a in prom.api("alerts")["alerts"]}
+    assert {(name, state) for name, state in active if name in checked} == set()
+
+
+def served_metrics(operator: OperatorProcess) -> set[str]:
+    """The names the operator serves now, as PromQL sees them (a counter's ``_total``, a
+    histogram's series)."""
+    status, text = operator.get("/metrics")
+    assert status == 200, text
+    return {
+        re.sub(r"\{.*", "", line.rpartition(" ")[0])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def _rules_evaluated(prom: PrometheusServer, names: set[str]) -> dict[str, dict[str, Any]]:
