@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from headroom_dev.operator import OperatorProcess
 from headroom_dev.process import Child, ControlPlaneError, binary, free_port
 
 BUILD, SCRIPT = "make prometheus", "hack/prometheus.sh"
@@ -50,14 +51,16 @@ def run_promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedPro
     )
 
 
-def scrape_config(job: str, port: int, host: str = "127.0.0.1") -> dict[str, Any]:
-    """How Prometheus scrapes one operator's metrics endpoint: the one place to switch to
-    ``scheme: https`` with ``authorization: {credentials_file: ...}`` and a ``tls_config``."""
+def scrape_config(job: str, operator: OperatorProcess) -> dict[str, Any]:
+    """How Prometheus scrapes a running operator's metrics endpoint: plain HTTP on its
+    metrics port today. The one place to switch to ``scheme: https`` with
+    ``authorization: {credentials_file: ...}`` and a ``tls_config`` when the endpoint
+    asks for a token."""
     return {
         "job_name": job,
         "scheme": "http",
         "metrics_path": "/metrics",
-        "static_configs": [{"targets": [f"{host}:{port}"]}],
+        "static_configs": [{"targets": [f"127.0.0.1:{operator.port}"]}],
     }
 
 

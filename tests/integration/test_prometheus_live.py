@@ -111,7 +111,7 @@ def test_dashboard_and_alert_queries_on_a_live_prometheus(
     namespace: str,
 ) -> None:
     operator = run_operator({"sweepPeriod": "200ms"})
-    with PrometheusServer([scrape_config(JOB, operator.port)], rule_files=[RULES]) as prom:
+    with PrometheusServer([scrape_config(JOB, operator)], rule_files=[RULES]) as prom:
         prom.wait_for(f'up{{job="{JOB}"}} == 1')
         prom.wait_for("headroom_active_entries")  # scraped once before the load
         nodes = demo_load(make_node, custom, namespace)
