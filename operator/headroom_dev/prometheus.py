@@ -51,16 +51,27 @@ def run_promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedPro
     )
 
 
-def scrape_config(job: str, operator: OperatorProcess) -> dict[str, Any]:
-    """How Prometheus scrapes a running operator's metrics endpoint: plain HTTP on its
-    metrics port today. The one place to switch to ``scheme: https`` with
-    ``authorization: {credentials_file: ...}`` and a ``tls_config`` when the endpoint
-    asks for a token."""
-    return {
+def scrape_config(
+    job: str, operator: OperatorProcess, token_file: Path | None = None
+) -> dict[str, Any]:
+    """How Prometheus scrapes a running operator's metrics endpoint: over HTTPS with a
+    bearer token read from ``token_file`` when the endpoint is secure (the operator's
+    self-signed certificate is not verified, as the ServiceMonitor's default), plain
+    HTTP when the operator was started with ``metricsSecure: false``."""
+    config: dict[str, Any] = {
         "job_name": job,
-        "scheme": "http",
         "metrics_path": "/metrics",
-        "static_configs": [{"targets": [f"127.0.0.1:{operator.port}"]}],
+        "static_configs": [{"targets": [f"127.0.0.1:{operator.metrics_port}"]}],
+    }
+    if not operator.metrics_secure:
+        return {**config, "scheme": "http"}
+    if token_file is None:
+        raise ValueError("a secure metrics endpoint needs a token_file")
+    return {
+        **config,
+        "scheme": "https",
+        "tls_config": {"insecure_skip_verify": True},
+        "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
     }
 
 

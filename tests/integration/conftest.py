@@ -19,6 +19,7 @@ from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane, binary
 from headroom_dev.operator import OperatorProcess
 from tests.integration.cli_checks import Cli, Hold
+from tests.integration.metrics_access_support import Accounts
 from tests.integration.polling import eventually
 from tests.integration.stand_in import DeviceAdmitter
 
@@ -130,3 +131,11 @@ def device_admitter(
     admitter.start()
     yield admitter
     admitter.stop()
+
+
+@pytest.fixture
+def accounts(core: client.CoreV1Api, namespace: str) -> Iterator[Accounts]:
+    """ServiceAccounts of the test's namespace, and a metrics-reader role to grant them."""
+    made = Accounts(core, namespace)
+    yield made
+    made.remove()

@@ -14,82 +14,24 @@ import asyncio
 import http.client
 import json
 import ssl
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography import x509
-from kubernetes import client
 
 from headroom.objects.certificates import CertificatePolicy, fresh
 from headroom.serving.metrics import OperatorMetrics
 from headroom.serving.scrape import CERT_FILE, KEY_FILE, MetricsServer
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.operator import OperatorProcess
+from tests.integration.metrics_access_support import SECURE, Accounts
 from tests.integration.polling import eventually
-from tests.integration.test_chart import installed, operator_as_service_account, render
+from tests.integration.test_chart import installed, operator_as_service_account
 
 __all__ = ["installed"]  # a fixture of the chart's tests, used here too
-
-SECURE = {"metricsSecure": True}
-
-
-def reader_rules() -> list[dict[str, Any]]:
-    """The rules of the chart's metrics-reader ClusterRole, as rendered."""
-    (role,) = [
-        d
-        for d in render()
-        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "headroom-metrics-reader"
-    ]
-    return list(role["rules"])
-
-
-class Accounts:
-    """ServiceAccounts of the test's namespace, their tokens, and metrics-reader grants."""
-
-    def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
-        self.core, self.namespace = core, namespace
-        self.rbac = client.RbacAuthorizationV1Api(core.api_client)
-        self.role = f"metrics-reader-{uuid.uuid4().hex[:6]}"  # cluster-scoped: unique
-        self.rbac.create_cluster_role({"metadata": {"name": self.role}, "rules": reader_rules()})
-        self.bindings: list[str] = []
-
-    def token(self, name: str) -> str:
-        self.core.create_namespaced_service_account(self.namespace, {"metadata": {"name": name}})
-        answer = self.core.create_namespaced_service_account_token(
-            name, self.namespace, {"spec": {"expirationSeconds": 3600}}
-        )
-        return str(answer.status.token)
-
-    def grant(self, name: str) -> None:
-        binding = f"{self.role}-{name}"
-        self.rbac.create_cluster_role_binding(
-            {
-                "metadata": {"name": binding},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": self.role,
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": self.namespace}],
-            }
-        )
-        self.bindings.append(binding)
-
-    def remove(self) -> None:
-        for binding in self.bindings:
-            self.rbac.delete_cluster_role_binding(binding)
-        self.rbac.delete_cluster_role(self.role)
-
-
-@pytest.fixture
-def accounts(core: client.CoreV1Api, namespace: str) -> Iterator[Accounts]:
-    made = Accounts(core, namespace)
-    yield made
-    made.remove()
 
 
 def test_only_a_bound_service_account_reads_the_metrics(

@@ -34,6 +34,7 @@ from kubernetes import client
 from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
 from headroom_dev.prometheus import PrometheusServer, scrape_config
+from tests.integration.metrics_access_support import SECURE, Accounts
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "headroom" / "dashboards" / "headroom.json"
@@ -48,7 +49,7 @@ CORE_PANELS = (
     "Stale reservations",
     "Reserved RAM",
     "Allocatable RAM",
-    "Reserved vs allocatable RAM per node",
+    "Reserved, allocatable and limit RAM per node",
     "Utilization per node",
     "Active and stale entries per node",
     "Admissions per second by phase",
@@ -56,6 +57,15 @@ CORE_PANELS = (
     "Reserve failures by reason",
     "Waiting for room per node (spec.wait)",
     "Wait before admission (queued ones)",
+    "Deciding replicas",
+    "Leader by replica",
+    "Version",
+    "Undecided reservations",
+    "Undecided and waiting reservations",
+    "Oldest wait for room",
+    "Status writes failed and retried",
+    "Webhook reviews by result",
+    "RAM reserved, released and reclaimed",
 )
 
 
@@ -109,9 +119,16 @@ def test_dashboard_and_alert_queries_on_a_live_prometheus(
     make_node: Callable[..., Any],
     custom: client.CustomObjectsApi,
     namespace: str,
+    accounts: Accounts,
+    tmp_path: Path,
 ) -> None:
-    operator = run_operator({"sweepPeriod": "200ms"})
-    with PrometheusServer([scrape_config(JOB, operator)], rule_files=[RULES]) as prom:
+    """Prometheus scrapes as a ServiceAccount granted the chart's metrics-reader role."""
+    operator = run_operator({"sweepPeriod": "200ms", **SECURE})
+    token = tmp_path / "token"
+    token.write_text(accounts.token("prometheus"))
+    accounts.grant("prometheus")
+    scrape = scrape_config(JOB, operator, token)
+    with PrometheusServer([scrape], rule_files=[RULES]) as prom:
         prom.wait_for(f'up{{job="{JOB}"}} == 1')
         prom.wait_for("headroom_active_entries")  # scraped once before the load
         nodes = demo_load(make_node, custom, namespace)
