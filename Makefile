@@ -100,7 +100,7 @@ bench: venv controlplane controllers ## Benchmarks (not part of test): core ledg
 
 .PHONY: dev
 dev: venv controlplane ## Local control plane + demo nodes; stays up until Ctrl-C (DEV_ONCE=1: run once, exit).
-	$(PY) -m headroom_dev.devcluster $(if $(DEV_ONCE),--once,)
+	$(PY) -m headroom_dev.dev $(if $(DEV_ONCE),--once,)
 
 .PHONY: cluster
 cluster: venv controlplane helm controllers node image ## A real node on this machine + the chart installed from the local image + a demo (root; Ctrl-C stops).

@@ -6,7 +6,10 @@ rejected with its numbers, one whose owner never heartbeats (reclaimed as
 HeartbeatStale), one that expires, one kept alive by heartbeats, and one over
 the demo namespace's HeadroomQuota. It prints
 the lines to paste into another shell to watch it with ``kubectl``, and stays up
-until Ctrl-C. ``--once`` runs the demo to its end, checks every outcome, and
+until Ctrl-C. A SIGINT or SIGTERM at any moment, from a terminal or a script,
+stops the operator, kube-apiserver and etcd, removes ``.dev/cluster`` and says so
+in one line (exit 130 or 143); a second run while one holds ``.dev`` refuses
+(:mod:`headroom_dev.interrupts`). ``--once`` runs the demo to its end, checks every outcome, and
 exits 0, which is how the test suite proves the newcomer path works.
 """
 
@@ -17,7 +20,6 @@ import contextlib
 import shutil
 import signal
 import sys
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +29,7 @@ from kubernetes import client
 from headroom_dev import reservations as rsv
 from headroom_dev.apply import api_client, install_crds
 from headroom_dev.controlplane import ControlPlane, bin_dir
+from headroom_dev.interrupts import LockHeldError, StopOnSignals, Stopped, hold_lock
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 
@@ -117,24 +120,51 @@ def outcomes(custom: client.CustomObjectsApi) -> dict[str, tuple[str, str]]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, signals: StopOnSignals | None = None) -> int:
+    """``signals``: handlers already installed (:mod:`headroom_dev.dev` does so first)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--once", action="store_true", help="run the demo to its end and exit")
     args = parser.parse_args(argv)
+    signals = signals or StopOnSignals()  # first: a signal at any later moment stops cleanly
+    try:
+        with hold_lock(DEV_DIR):
+            code = _run(args.once, signals)
+    except LockHeldError as held:
+        print(
+            f"make dev: {held}; stop that one first (Ctrl-C in its terminal), "
+            "it removes its cluster as it stops",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    except Stopped as stopped:
+        code = stopped.exit_code
+    if signals.received is not None:
+        name = signal.Signals(signals.received).name
+        _say(f"make dev: stopped by {name}; {_CLEANED}")
+        return 128 + signals.received
+    return code
+
+
+#: What a stop leaves: nothing of the run's (said once, on the line a stop prints).
+_CLEANED = f"the operator, kube-apiserver and etcd are stopped and {DEV_DIR.name}/cluster removed"
+
+
+def _run(once: bool, signals: StopOnSignals) -> int:
     stale, expiry = (
         # --once: 8 s of life leaves room for a slow first admission on a busy machine
         # (one decided after its expiry is, rightly, Rejected AlreadyExpired).
         (timedelta(seconds=4), timedelta(seconds=8))
-        if args.once
+        if once
         else (timedelta(seconds=30), timedelta(seconds=45))
     )
-
     workdir = DEV_DIR / "cluster"
-    shutil.rmtree(workdir, ignore_errors=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-
-    with ControlPlane(workdir) as plane:
+    with contextlib.ExitStack() as stack:
+        # Unwound in reverse: the shield first, so no second signal cuts the clean-up
+        # short; then the operator, the control plane, and the directory last.
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+        plane = stack.enter_context(ControlPlane(workdir))
         kubeconfig = DEV_DIR / "kubeconfig"
         shutil.copy(plane.kubeconfig, kubeconfig)
         api = api_client(kubeconfig)
@@ -152,31 +182,28 @@ def main(argv: list[str] | None = None) -> int:
                 "sweepPeriod": "2s",
                 "reclaimedRetention": "10m",
             },
-        ).start()
-        try:
-            _say(f"control plane up at {plane.url}; CRDs: {', '.join(crds)}")
-            _say(f"operator running (log: {operator.log}; metrics: {operator.metrics_url})")
-            _say(f"demo nodes: {', '.join(n for n, _, _ in DEMO_NODES)}")
-            _say("\nIn another shell:\n")
-            _say(f"  export KUBECONFIG={kubeconfig}")
-            _say(f"  export PATH={bin_dir()}:$PATH")
-            _say("  kubectl get rsv,nodeheadrooms,headroomquotas -A -w\n")
-            apply_demo(custom, expiry)
-            _say(
-                f"demo applied in namespace {NAMESPACE}: 'forgotten' goes stale after "
-                f"{stale.seconds}s, 'short-lived' expires after {expiry.seconds}s"
-            )
-            if args.once:
-                return _check(custom, deadline=time.monotonic() + 60)
-            _say("\nCtrl-C to stop.")
-            with contextlib.suppress(KeyboardInterrupt):
-                while not stop.wait(stale.total_seconds() / 3):
-                    heartbeat(custom)
-            _say("stopping")
-        finally:
-            operator.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+        )
+        stack.callback(operator.stop)  # before start: a stop while it starts stops it too
+        stack.callback(signals.shield)
+        operator.start()
+        _say(f"control plane up at {plane.url}; CRDs: {', '.join(crds)}")
+        _say(f"operator running (log: {operator.log}; metrics: {operator.metrics_url})")
+        _say(f"demo nodes: {', '.join(n for n, _, _ in DEMO_NODES)}")
+        _say("\nIn another shell:\n")
+        _say(f"  export KUBECONFIG={kubeconfig}")
+        _say(f"  export PATH={bin_dir()}:$PATH")
+        _say("  kubectl get rsv,nodeheadrooms,headroomquotas -A -w\n")
+        apply_demo(custom, expiry)
+        _say(
+            f"demo applied in namespace {NAMESPACE}: 'forgotten' goes stale after "
+            f"{stale.seconds}s, 'short-lived' expires after {expiry.seconds}s"
+        )
+        if once:
+            return _check(custom, deadline=time.monotonic() + 60)
+        _say("\nCtrl-C to stop.")
+        while True:  # until a signal raises Stopped
+            time.sleep(stale.total_seconds() / 3)
+            heartbeat(custom)
 
 
 def _check(custom: client.CustomObjectsApi, deadline: float) -> int:
@@ -194,5 +221,5 @@ def _check(custom: client.CustomObjectsApi, deadline: float) -> int:
     return 1
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # make dev runs headroom_dev.dev, which calls main
     sys.exit(main())

@@ -1,11 +1,25 @@
-"""The newcomer path: `make dev DEV_ONCE=1` runs the whole demo and exits 0."""
+"""The newcomer path: `make dev DEV_ONCE=1` runs the whole demo and exits 0; `make dev`
+stops cleanly at any moment, as a terminal's Ctrl-C or a script's
+``kill -INT -- -PGID`` stops it, and a second run never starts over the first one's.
+
+No terminal here: each run is its own session and process group
+(``start_new_session``), as a shell's foreground job or a CI step, and the signal
+goes to the whole group, as Ctrl-C sends it.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+RUN_DIR = ROOT / ".dev" / "cluster"
+STOPPED = "make dev: stopped by SIGINT; the operator, kube-apiserver and etcd are stopped"
+PROMPT = 10.0  # seconds from the signal to the last process of the run gone
 
 
 def test_make_dev_once_runs_the_demo() -> None:
@@ -26,3 +40,87 @@ def test_make_dev_once_runs_the_demo() -> None:
         "short-lived    Reclaimed  Expired",
     ):
         assert line in result.stdout
+
+
+def run_processes() -> str:
+    """The processes of this checkout's run (etcd, kube-apiserver, the operator: each
+    names a file under .dev/cluster on its command line), one per line."""
+    found = subprocess.run(["pgrep", "-af", str(RUN_DIR)], capture_output=True, text=True)
+    return found.stdout
+
+
+def start(preexec: Callable[[], object] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["make", "dev"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=preexec,
+    )
+
+
+def until(make: subprocess.Popen[str], text: str) -> list[str]:
+    assert make.stdout is not None
+    seen = []
+    for line in make.stdout:
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError(f"make dev ended before {text!r}:\n" + "".join(seen[-40:]))
+
+
+def interrupt(make: subprocess.Popen[str], seen: list[str]) -> str:
+    """SIGINT to the run's process group; its whole output, once every process is gone."""
+    os.killpg(make.pid, signal.SIGINT)
+    sent = time.monotonic()
+    rest, _ = make.communicate(timeout=60)  # EOF: the harness has exited too
+    out = "".join(seen) + rest
+    while run_processes() and time.monotonic() - sent < 30:
+        time.sleep(0.2)
+    took = time.monotonic() - sent
+    print(f"figures: stopped {took:.1f}s after the SIGINT")
+    assert took < PROMPT, out[-3000:]
+    assert run_processes() == "", out[-3000:]
+    assert not RUN_DIR.exists(), out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert out.count("stopped by SIG") == 1, out[-3000:]
+    return out
+
+
+def test_a_sigint_during_start_up_stops_it_cleanly() -> None:
+    make = start()
+    seen = until(make, "headroom_dev.dev")  # make's echo of the command: it is starting
+    time.sleep(1.5)  # into the start of etcd and kube-apiserver
+    out = interrupt(make, seen)
+    assert STOPPED in out or "make dev: stopped by SIGINT before anything was started" in out
+    assert "Error 130" in out, out[-3000:]  # the harness's exit code, as make reports it
+    assert make.returncode == -signal.SIGINT  # make itself ends by the signal, as at a terminal
+
+
+def test_a_second_run_refuses_and_a_sigint_after_the_demo_stops_the_first() -> None:
+    make = start()
+    seen = until(make, "Ctrl-C to stop")
+    second = subprocess.run(
+        ["make", "dev"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert second.returncode != 0
+    assert "is in use by another run (pid" in second.stderr, second.stdout + second.stderr
+    assert "control plane up" not in second.stdout
+    assert run_processes() != ""  # the first one's cluster is untouched
+    out = interrupt(make, seen)
+    assert STOPPED in out, out[-3000:]
+    assert "Error 130" in out, out[-3000:]
+    assert make.returncode == -signal.SIGINT
+
+
+def test_a_background_job_of_a_script_stops_on_sigint_too() -> None:
+    """A shell without job control starts a background job with SIGINT ignored
+    (`make dev &` in a script): the harness still stops on it."""
+    make = start(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    seen = until(make, "Ctrl-C to stop")
+    out = interrupt(make, seen)
+    assert STOPPED in out, out[-3000:]
+    assert "Error 130" in out, out[-3000:]
+    assert make.returncode == 2  # make, ignoring SIGINT as it inherited, reports the failure

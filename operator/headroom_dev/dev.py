@@ -1,0 +1,29 @@
+"""``make dev``'s entry point: signals are handled before anything heavy is imported.
+
+Importing the harness (the Kubernetes client, pydantic) takes a moment; a Ctrl-C
+in that moment would otherwise print a traceback from deep inside an import.
+Here the handler is installed first, and a stop that comes before the harness
+has started anything says so in one line.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from headroom_dev.interrupts import StopOnSignals, Stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    signals = StopOnSignals()
+    try:
+        from headroom_dev import devcluster  # after the handler, on purpose
+    except Stopped as stopped:
+        name = signal.Signals(stopped.signum).name
+        print(f"make dev: stopped by {name} before anything was started", flush=True)
+        return stopped.exit_code
+    return devcluster.main(argv, signals)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

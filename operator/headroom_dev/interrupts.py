@@ -1,0 +1,88 @@
+"""Stopping a long-running harness cleanly at any moment, and one run per directory.
+
+A terminal's Ctrl-C and a script's ``kill -INT -- -PGID`` reach every process in the
+group at once, at any phase. Python's own ``KeyboardInterrupt`` then surfaces as a
+traceback from whatever library call was running, and a shell that starts a job in
+the background without job control hands it SIGINT *ignored*, so the harness would
+not stop at all. :class:`StopOnSignals` installs a handler for SIGINT and SIGTERM
+whatever the inherited disposition, turns the first signal into :class:`Stopped`
+raised where the harness is (so every ``with`` block unwinds and stops its
+processes), and only records later ones, so the clean-up itself is never cut short.
+
+:func:`hold_lock` takes an exclusive ``flock`` on a state directory: a second run
+refuses instead of starting over the first one's files. The kernel drops the lock
+when the holder dies, however it dies, so a crashed run never blocks the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stopped(BaseException):  # a stop, as KeyboardInterrupt is, not an error
+    """A SIGINT or SIGTERM arrived; a BaseException so that no ``except Exception`` eats it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number, as a shell reports a job the signal ended (130, 143)."""
+        return 128 + self.signum
+
+
+class StopOnSignals:
+    """The first SIGINT/SIGTERM raises :class:`Stopped`; later ones, and any that come
+    once :meth:`shield` was called, are only recorded in :attr:`received`."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._raising = True
+        for each in HANDLED:
+            signal.signal(each, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signum
+        if self._raising:
+            self._raising = False
+            raise Stopped(signum)
+
+    def shield(self) -> None:
+        """From now on a signal does not interrupt: the clean-up under way finishes."""
+        self._raising = False
+
+
+class LockHeldError(RuntimeError):
+    """Another run holds the directory's lock; the message names its pid."""
+
+
+@contextlib.contextmanager
+def hold_lock(directory: Path) -> Iterator[None]:
+    """An exclusive lock on ``directory/lock`` for the block, or :class:`LockHeldError` at once."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "lock"
+    with path.open("a+") as handle:  # opened close-on-exec: children never hold it
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise LockHeldError(f"{directory} is in use by another run (pid {holder})") from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)
+            fcntl.flock(handle, fcntl.LOCK_UN)
