@@ -7,7 +7,7 @@
 #   hack/node/node.sh status
 #
 # The kubeconfig must authenticate as system:node:NODE_NAME in group system:nodes
-# (or as an admin); see docs/real-node.md for the RBAC it needs.
+# (or as an admin); see docs/development/real-node.md for the RBAC it needs.
 # NODE_NAME defaults to this machine's hostname: the API server reaches the
 # kubelet (logs, exec) by the Node's Hostname address, and the hostname resolves
 # to 127.0.0.1 here, where the kubelet listens. HEADROOM_NODE_CLIENT_CA names the

@@ -7,7 +7,7 @@ containerd and runc, the CNI bridge plugin and a kubelet built from its Go modul
 (``hack/node/build.sh``), and this class drives it from Python: the node's
 identity and RBAC, ``node.sh up``, the Node turning Ready, importing images, and
 ``node.sh down`` (which also cleans up after a crashed run). Why each odd setting
-is there: docs/real-node.md.
+is there: docs/development/real-node.md.
 
 The plane must run the controllers a node needs
 (:data:`~headroom_dev.controllers.NODE_CONTROLLERS`): the node-lifecycle controller

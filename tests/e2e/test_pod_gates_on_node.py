@@ -28,7 +28,7 @@ TEAM = "gated"
 GATE = "headroom.dev/admission"
 RSV = "reservations.headroom.dev"
 BUSYBOX = "localhost/headroom/busybox:1"
-README = Path(__file__).resolve().parents[2] / "README.md"
+GATE_DOC = Path(__file__).resolve().parents[2] / "docs" / "tasks" / "gate-pods.md"
 
 
 def sleeping(seconds: int) -> list[str]:
@@ -65,17 +65,17 @@ def claim_mb(cluster: NodeCluster) -> int:
 
 
 def readme_job() -> dict[str, Any]:
-    """The Job of the README's "Gate your pods", as written."""
-    text = README.read_text()
-    section = text[text.index("## Gate your pods") :]
+    """The Job of docs/tasks/gate-pods.md ("Gate your pods"), as written."""
+    text = GATE_DOC.read_text()
+    section = text[text.index("# Gate your pods") :]
     match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
-    assert match, "the README lost its Job example"
+    assert match, f"{GATE_DOC} lost its Job example"
     body: dict[str, Any] = yaml.safe_load(match.group(1))
     return body
 
 
 def test_the_readme_job_is_gated_as_it_says(cluster: NodeCluster, claim_mb: int) -> None:
-    """The README's Job with the test's namespace, sizes and image swapped in."""
+    """The doc's Job with the test's namespace, sizes and image swapped in."""
     body = readme_job()
     assert body["spec"]["parallelism"] == 3
     assert body["spec"]["template"]["metadata"]["labels"] == {"headroom.dev/claim": "true"}
@@ -190,7 +190,7 @@ def test_a_gated_pod_reads_its_gpu_devices_through_the_downward_api(
 ) -> None:
     """The node labelled as GPU Feature Discovery labels two 8 GiB GPUs (issue 20): the
     pod's VRAM is admitted on one device, the patch that ungates it names the device,
-    and its container reads it from its own annotation, as the README says."""
+    and its container reads it from its own annotation, as docs/tasks/gpus.md says."""
     node = cluster.node.name
     gfd = ["nvidia.com/gpu.count", "nvidia.com/gpu.memory"]
     cluster.kubectl("label", "node", node, f"{gfd[0]}=2", f"{gfd[1]}=8192", "--overwrite")

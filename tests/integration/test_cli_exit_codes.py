@@ -1,4 +1,4 @@
-"""`kubectl headroom` exit codes, each produced for real (README, "Command line"):
+"""`kubectl headroom` exit codes, each produced for real (docs/reference/cli.md):
 0 done, 1 refused, 2 bad argument (nothing sent), 3 no decision in time, 4 the
 cluster unreachable or refusing. Every failure is one line on stderr, no traceback.
 """

@@ -1,5 +1,6 @@
-"""Who may read headroom: a tenant bound by the README's RoleBinding, and the chart's
-``nodeHeadroomReaders`` value that grants the cluster-scoped NodeHeadrooms.
+"""Who may read headroom: a tenant bound by the RoleBinding of docs/operations/install.md
+(RBAC), and the chart's ``nodeHeadroomReaders`` value that grants the cluster-scoped
+NodeHeadrooms.
 
 The chart's user roles are rendered with helm and applied to the real API server;
 the tenant and the placement ServiceAccount are client-certificate identities.
@@ -92,7 +93,7 @@ def test_a_tenant_reads_what_it_may_and_says_what_it_may_not(
 ) -> None:
     chart_user_roles()
     team = f"ml-team-{uuid.uuid4().hex[:6]}"
-    granted = kubectl(  # the README's grant, verbatim but for the names
+    granted = kubectl(  # the doc's grant, verbatim but for the names
         "create", "rolebinding", "ml-headroom", "--clusterrole=headroom-edit", f"--group={team}",
         "-n", namespace,
     )  # fmt: skip
@@ -156,7 +157,7 @@ def test_a_tenant_reads_what_it_may_and_says_what_it_may_not(
     assert f'Events in namespace "{namespace}" are not readable' in why.stderr
     assert 'built-in "view" role' in why.stderr
 
-    # The README's way to events: the built-in view role. There is no aggregation
+    # The doc's way to events: the built-in view role. There is no aggregation
     # controller here, so bind the role it aggregates from (view's own rules).
     viewer = kubectl(
         "create", "rolebinding", "ml-view", "--clusterrole=system:aggregate-to-view",

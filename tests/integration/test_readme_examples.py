@@ -1,5 +1,7 @@
-"""The README's library example runs as written (node and label names swapped for
-the test's own), against the real control plane and a running operator."""
+"""The docs' examples run as written (node and label names swapped for the test's own),
+against the real control plane and a running operator: the library example of
+docs/tasks/claim-from-a-program.md, the GPU example of docs/tasks/gpus.md and the quota
+of docs/tasks/quotas.md (they were the README's until the docs moved to docs/)."""
 
 from __future__ import annotations
 
@@ -22,14 +24,17 @@ from headroom_dev.controlplane import ControlPlane
 from headroom_dev.operator import OperatorProcess
 from tests.integration.polling import eventually
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+CLAIM_DOC = DOCS / "tasks" / "claim-from-a-program.md"
+GPU_DOC = DOCS / "tasks" / "gpus.md"
+QUOTA_DOC = DOCS / "tasks" / "quotas.md"
 
 
 def library_example() -> str:
-    text = README.read_text()
-    section = text[text.index("## Claiming memory from a program") :]
+    text = CLAIM_DOC.read_text()
+    section = text[text.index("# Claim memory from a program") :]
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match, "the README lost its library example"
+    assert match, f"{CLAIM_DOC} lost its library example"
     return match.group(1)
 
 
@@ -100,10 +105,10 @@ def test_the_library_example_runs_as_written(
 
 
 def gpu_example() -> list[dict[str, Any]]:
-    text = README.read_text()
-    section = text[text.index("## GPU memory per device") :]
+    text = GPU_DOC.read_text()
+    section = text[text.index("# Claim GPU memory") :]
     match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
-    assert match, "the README lost its GPU example"
+    assert match, f"{GPU_DOC} lost its GPU example"
     return [doc for doc in yaml.safe_load_all(match.group(1)) if doc]
 
 
@@ -114,7 +119,7 @@ def test_the_gpu_example_admits_two_and_refuses_the_third_as_written(
     namespace: str,
 ) -> None:
     """The Node and the three claims of "GPU memory per device", node and namespace
-    swapped for the test's own; the statuses and the refusal read as the README says."""
+    swapped for the test's own; the statuses and the refusal read as the doc says."""
     node, *claims = gpu_example()
     name = f"readme-gpu-{uuid.uuid4().hex[:6]}"
     make_node(name, memory="32Gi", labels=node["metadata"]["labels"])
@@ -137,7 +142,7 @@ def test_the_gpu_example_admits_two_and_refuses_the_third_as_written(
     }
     a, b, c = (decided[n]["status"] for n in ("shard-a", "shard-b", "shard-c"))
     assert (a["phase"], b["phase"]) == ("Admitted", "Admitted")
-    assert a["devices"] == [{"id": "gfd-0", "memoryMB": 51200}]  # as the README shows
+    assert a["devices"] == [{"id": "gfd-0", "memoryMB": 51200}]  # as the doc shows
     assert b["devices"] == [{"id": "gfd-1", "memoryMB": 51200}]
     assert (c["phase"], c["reason"]) == ("Rejected", "InsufficientVRAM")
     said = (
@@ -145,7 +150,7 @@ def test_the_gpu_example_admits_two_and_refuses_the_third_as_written(
         "(gfd-0 80 GiB, 51200 held)"
     )
     assert c["message"] == said
-    assert said.replace(name, "gpu-node-1") in " ".join(README.read_text().split())
+    assert said.replace(name, "gpu-node-1") in " ".join(GPU_DOC.read_text().split())
 
     def shows_the_largest_free_device() -> None:
         listed = custom.list_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms")
@@ -159,15 +164,15 @@ def test_the_gpu_example_admits_two_and_refuses_the_third_as_written(
 
 
 def quota_example() -> dict[str, Any]:
-    text = README.read_text()
-    section = text[text.index("## Quotas per tenant") :]
+    text = QUOTA_DOC.read_text()
+    section = text[text.index("# Give each tenant a quota") :]
     match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
-    assert match, "the README lost its quota example"
+    assert match, f"{QUOTA_DOC} lost its quota example"
     [quota] = [doc for doc in yaml.safe_load_all(match.group(1)) if doc]
     return dict(quota)
 
 
-def test_the_quota_example_applies_and_its_message_reads_as_the_readme_says(
+def test_the_quota_example_applies_and_its_message_reads_as_the_doc_says(
     run_operator: Callable[..., OperatorProcess],
     make_node: Callable[..., Any],
     core: client.CoreV1Api,
@@ -175,7 +180,7 @@ def test_the_quota_example_applies_and_its_message_reads_as_the_readme_says(
 ) -> None:
     """The HeadroomQuota of "Quotas per tenant" as written (its name and team label
     swapped for the test's own, since quotas are cluster-wide): 56 GiB held, 16 more
-    refused in the README's words."""
+    refused in the doc's words."""
     quota = quota_example()
     tag = uuid.uuid4().hex[:6]
     quota["metadata"]["name"] = name = f"team-ml-{tag}"
@@ -193,8 +198,8 @@ def test_the_quota_example_applies_and_its_message_reads_as_the_readme_says(
         status = rsv.wait_for(custom, namespace, "more")["status"]
         said = f"namespace {namespace} (quota {name}): holds 56 GiB of 64 GiB RAM; requested 16 GiB"
         assert (status["reason"], status["message"]) == ("QuotaExceeded", said)
-        readme = " ".join(README.read_text().split())
-        assert said.replace(name, "team-ml").replace(namespace, "ml-train") in readme
+        doc = " ".join(QUOTA_DOC.read_text().split())
+        assert said.replace(name, "team-ml").replace(namespace, "ml-train") in doc
         held = rsv.get(custom, namespace, "held")
         created = datetime.fromisoformat(held["metadata"]["creationTimestamp"])
         expires = datetime.fromisoformat(held["status"]["expiresAt"])

@@ -1,6 +1,6 @@
 """The operator's configuration file, validated before anything starts.
 
-One YAML document, camelCase like every Kubernetes config (see the README for
+One YAML document, camelCase like every Kubernetes config (see docs/reference/config.md for
 the defaults). Unknown keys are errors, not silently ignored: a typo such as
 ``systemReserveMb`` must stop the operator with the field named, not run it with
 the default. Durations are Go-style strings (``90s``, ``5m``, ``1h30m``) or

@@ -1,7 +1,7 @@
 """Exit codes, and the one line each failure prints.
 
 Scripts branch on the exit code, so each code means one thing (the team's
-table, also in the README): whether the claim was refused, the command line was
+table, also in docs/reference/cli.md): whether the claim was refused, the command line was
 wrong (nothing sent), the wait ran out, or the cluster could not be reached or
 refused the request. A failure is one line on stderr, never a traceback.
 """

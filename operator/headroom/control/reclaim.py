@@ -7,11 +7,11 @@ index that says when the next entry can go stale or expire. The sweeper sleeps
 until then (or one sweep period, whichever is first) and is woken early when a
 decision brings a nearer deadline.
 
-Liveness is timed by the operator's own observations (the rule is in the
-README): a reservation's stale clock starts at its admission, a heartbeat counts
-when the operator sees a new annotation value, and after a start every restored
-reservation counts as seen alive at that moment — so nothing is reclaimed as
-stale before one full window has passed since the operator began watching.
+Liveness is timed by the operator's own observations (the rule is in
+docs/concepts/heartbeats-and-reclaim.md): a reservation's stale clock starts at its
+admission, a heartbeat counts when the operator sees a new annotation value, and
+after a start every restored reservation counts as seen alive at that moment — so
+nothing is reclaimed as stale before one full window has passed since the operator began watching.
 
 Expiry is exact and reclaimed at once. Staleness is *checked* first: the sweeper
 reads the Reservation and its owner pod from the API, and a heartbeat value it
