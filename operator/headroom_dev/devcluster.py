@@ -191,7 +191,8 @@ def _run(once: bool, signals: StopOnSignals) -> int:
         _say(f"demo nodes: {', '.join(n for n, _, _ in DEMO_NODES)}")
         _say("\nIn another shell:\n")
         _say(f"  export KUBECONFIG={kubeconfig}")
-        _say(f"  export PATH={bin_dir()}:$PATH")
+        tools = f"{bin_dir()}:{Path(sys.executable).parent}"  # kubectl; kubectl-headroom
+        _say(f"  export PATH={tools}:$PATH")
         _say("  kubectl get rsv,nodeheadrooms,headroomquotas -A -w\n")
         apply_demo(custom, expiry)
         _say(

@@ -10,6 +10,7 @@ goes to the whole group, as Ctrl-C sends it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -99,9 +100,48 @@ def test_a_sigint_during_start_up_stops_it_cleanly() -> None:
     assert make.returncode == -signal.SIGINT  # make itself ends by the signal, as at a terminal
 
 
+def tour_commands() -> list[str]:
+    """The README's tour: every command of its second block (the first is a watch)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## A five-minute tour") :]
+    blocks = re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) >= 2, "the README lost its tour"
+    return [line.split("  #")[0].strip() for line in blocks[1].splitlines() if line.strip()]
+
+
+def take_the_tour(seen: list[str]) -> dict[str, str]:
+    """Each tour command, in the shell the README describes (the printed export lines),
+    until it exits 0 (the demo's decisions take a moment); its output by command."""
+    exports = dict(re.findall(r"^  export (\w+)=(\S+)$", "".join(seen), re.MULTILINE))
+    env = {**os.environ, **{k: v.replace("$PATH", os.environ["PATH"]) for k, v in exports.items()}}
+    outputs = {}
+    for command in tour_commands():
+        deadline = time.monotonic() + 30
+        while True:
+            done = subprocess.run(
+                ["bash", "-c", command], env=env, capture_output=True, text=True, timeout=60
+            )
+            if done.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+        print(f"$ {command}\n{done.stdout}{done.stderr}")
+        outputs[command] = done.stdout + done.stderr
+    return outputs
+
+
 def test_a_second_run_refuses_and_a_sigint_after_the_demo_stops_the_first() -> None:
+    """On the way, the README's tour runs against the first run, as it says."""
     make = start()
     seen = until(make, "Ctrl-C to stop")
+    said = take_the_tour(seen)
+    why = next(out for command, out in said.items() if "why too-big" in command)
+    assert "InsufficientRAM" in why, why
+    [message] = [line for line in why.splitlines() if line.startswith("Message: ")]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert message.removeprefix("Message: ") in readme  # quoted as it is
+    hold = next(out for command, out in said.items() if "headroom hold" in command)
+    assert "Admitted" in hold, hold
     second = subprocess.run(
         ["make", "dev"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
     )
