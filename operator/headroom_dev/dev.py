@@ -17,12 +17,15 @@ from headroom_dev.interrupts import StopOnSignals, Stopped
 def main(argv: list[str] | None = None) -> int:
     signals = StopOnSignals()
     try:
+        signals.arm()
+        print("make dev: starting; Ctrl-C stops it at any moment", flush=True)
         from headroom_dev import devcluster  # after the handler, on purpose
-    except Stopped as stopped:
+
+        return devcluster.main(argv, signals)
+    except Stopped as stopped:  # one that devcluster.main did not handle: nothing started
         name = signal.Signals(stopped.signum).name
         print(f"make dev: stopped by {name} before anything was started", flush=True)
         return stopped.exit_code
-    return devcluster.main(argv, signals)
 
 
 if __name__ == "__main__":

@@ -121,15 +121,18 @@ def outcomes(custom: client.CustomObjectsApi) -> dict[str, tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None, signals: StopOnSignals | None = None) -> int:
-    """``signals``: handlers already installed (:mod:`headroom_dev.dev` does so first)."""
+    """``signals``: handlers already installed and armed (:mod:`headroom_dev.dev`)."""
+    if signals is None:
+        signals = StopOnSignals()
+        signals.arm()  # from here on, a signal at any moment stops cleanly
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--once", action="store_true", help="run the demo to its end and exit")
     args = parser.parse_args(argv)
-    signals = signals or StopOnSignals()  # first: a signal at any later moment stops cleanly
     try:
         with hold_lock(DEV_DIR):
             code = _run(args.once, signals)
     except LockHeldError as held:
+        signals.shield()
         print(
             f"make dev: {held}; stop that one first (Ctrl-C in its terminal), "
             "it removes its cluster as it stops",
@@ -164,6 +167,7 @@ def _run(once: bool, signals: StopOnSignals) -> int:
         # short; then the operator, the control plane, and the directory last.
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)
+        _say(f"starting etcd and kube-apiserver in {workdir}")
         plane = stack.enter_context(ControlPlane(workdir))
         kubeconfig = DEV_DIR / "kubeconfig"
         shutil.copy(plane.kubeconfig, kubeconfig)
@@ -185,6 +189,7 @@ def _run(once: bool, signals: StopOnSignals) -> int:
         )
         stack.callback(operator.stop)  # before start: a stop while it starts stops it too
         stack.callback(signals.shield)
+        _say("starting the operator")
         operator.start()
         _say(f"control plane up at {plane.url}; CRDs: {', '.join(crds)}")
         _say(f"operator running (log: {operator.log}; metrics: {operator.metrics_url})")

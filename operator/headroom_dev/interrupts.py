@@ -41,14 +41,22 @@ class Stopped(BaseException):  # a stop, as KeyboardInterrupt is, not an error
 
 
 class StopOnSignals:
-    """The first SIGINT/SIGTERM raises :class:`Stopped`; later ones, and any that come
-    once :meth:`shield` was called, are only recorded in :attr:`received`."""
+    """Once armed (:meth:`arm`), the first SIGINT/SIGTERM raises :class:`Stopped`; later
+    ones, and any that come before :meth:`arm` or after :meth:`shield`, are only
+    recorded in :attr:`received`. Call :meth:`arm` inside the ``try`` that handles
+    :class:`Stopped`, so that no moment is left where a signal escapes it."""
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._raising = True
+        self._raising = False
         for each in HANDLED:
             signal.signal(each, self._handle)
+
+    def arm(self) -> None:
+        """From now on the first signal raises; one already received raises at once."""
+        if self.received is not None:
+            raise Stopped(self.received)
+        self._raising = True
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.received is None:

@@ -26,6 +26,7 @@ def restored_handlers() -> Iterator[None]:
 @pytest.mark.usefixtures("restored_handlers")
 def test_the_first_signal_stops_and_later_ones_are_only_recorded() -> None:
     signals = StopOnSignals()
+    signals.arm()
     with pytest.raises(Stopped) as stopped:  # raised by the handler, in this thread
         os.kill(os.getpid(), signal.SIGTERM)
     assert stopped.value.exit_code == 143
@@ -34,8 +35,20 @@ def test_the_first_signal_stops_and_later_ones_are_only_recorded() -> None:
 
 
 @pytest.mark.usefixtures("restored_handlers")
+def test_a_signal_before_arming_is_raised_by_arm() -> None:
+    """The moment between installing the handlers and entering the ``try`` is covered."""
+    signals = StopOnSignals()
+    os.kill(os.getpid(), signal.SIGINT)  # recorded only
+    assert signals.received == signal.SIGINT
+    with pytest.raises(Stopped) as stopped:
+        signals.arm()
+    assert stopped.value.exit_code == 130
+
+
+@pytest.mark.usefixtures("restored_handlers")
 def test_a_shielded_clean_up_is_not_interrupted() -> None:
     signals = StopOnSignals()
+    signals.arm()
     signals.shield()
     os.kill(os.getpid(), signal.SIGINT)
     assert signals.received == signal.SIGINT
@@ -47,8 +60,9 @@ def test_a_signal_ignored_by_the_parent_still_stops() -> None:
         """
         import os, signal, sys, time
         from headroom_dev.interrupts import StopOnSignals, Stopped
-        StopOnSignals()
+        signals = StopOnSignals()
         try:
+            signals.arm()
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)
         except Stopped as stopped:
