@@ -81,20 +81,23 @@ def claim(entry_id: str, ram: int, vram: int = 0, at: datetime = NOW) -> Entry:
 
 
 def busy() -> Ledger:
-    """A node with a GPU, a quota, admitted, released, reclaimed and waiting claims."""
+    """A node with a GPU, a quota, admitted, released, reclaimed and waiting claims, as of
+    now: the collector reads ages off the wall clock at scrape time (a module-level time
+    was 20 minutes old by the time a full run reached this test)."""
+    now = datetime.now(UTC)
     ledger = Ledger(Limits(system_reserve_mb=1024, heartbeat_stale_window=timedelta(minutes=5)))
     ledger.set_node_capacity("n1", 16 * GIB, 80 * GIB)
     ledger.set_node_devices("n1", (GpuDevice("GPU-0", 80 * GIB),))
     ledger.quotas.set_namespace("ml", {"team": "ml"})
     selector = LabelSelector(match_labels={"team": "ml"})
     ledger.quotas.set_quota(QuotaRules("team", selector, ram_mb=8 * GIB, vram_mb=40 * GIB))
-    assert ledger.reserve(claim("ml/a", 4 * GIB, 20 * GIB), NOW).admitted
-    assert ledger.reserve(claim("ml/b", GIB), NOW).admitted
-    assert ledger.reserve(claim("web/c", 2 * GIB), NOW).admitted
+    assert ledger.reserve(claim("ml/a", 4 * GIB, 20 * GIB, at=now), now).admitted
+    assert ledger.reserve(claim("ml/b", GIB, at=now), now).admitted
+    assert ledger.reserve(claim("web/c", 2 * GIB, at=now), now).admitted
     ledger.release("ml/b")
     ledger.reclaim_entry("web/c")
-    waiting = claim("web/w", 64 * GIB, at=NOW - timedelta(minutes=3))
-    assert ledger.reserve_or_wait(waiting, NOW, NOW + timedelta(hours=1)).queued
+    waiting = claim("web/w", 64 * GIB, at=now - timedelta(minutes=3))
+    assert ledger.reserve_or_wait(waiting, now, now + timedelta(hours=1)).queued
     return ledger
 
 
