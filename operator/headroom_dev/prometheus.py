@@ -174,3 +174,35 @@ class PrometheusServer:
                     f"prometheus: {expr!r} still empty after {timeout:.0f}s; log:\n{self.tail()}"
                 )
             time.sleep(0.25)
+
+
+def service_monitor_scrape(
+    job: str, endpoint: dict[str, Any], targets: list[str], token_file: Path
+) -> dict[str, Any]:
+    """The scrape config the Prometheus Operator makes of one ServiceMonitor endpoint, for
+    a Prometheus outside the cluster: its scheme, path and TLS settings as the chart
+    rendered them; the targets (pod addresses) and the token file, which in a cluster
+    would be the endpoints of the Service and the Prometheus pod's own token, given."""
+    config: dict[str, Any] = {
+        "job_name": job,
+        "scheme": endpoint.get("scheme", "http"),
+        "metrics_path": endpoint.get("path", "/metrics"),
+        "static_configs": [{"targets": targets}],
+    }
+    if config["scheme"] != "https":
+        return config
+    tls = endpoint.get("tlsConfig") or {}
+    unknown = set(tls) - {"insecureSkipVerify", "serverName"}
+    if unknown:
+        raise ValueError(f"tlsConfig keys this harness does not translate: {sorted(unknown)}")
+    config["tls_config"] = {
+        key: tls[name]
+        for name, key in (
+            ("insecureSkipVerify", "insecure_skip_verify"),
+            ("serverName", "server_name"),
+        )
+        if name in tls
+    }
+    if "bearerTokenFile" in endpoint or "authorization" in endpoint:
+        config["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
+    return config

@@ -20,9 +20,11 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from headroom.api.constants import GROUP, VERSION
@@ -37,6 +39,7 @@ from headroom_dev.cluster import (
     worker_access,
 )
 from headroom_dev.process import kubectl_for
+from headroom_dev.prometheus import PrometheusServer, service_monitor_scrape
 from tests.integration.polling import eventually
 
 TEAM = "team"
@@ -53,6 +56,7 @@ VALUES: dict[str, Any] = {
     "metrics": {"readers": {"serviceAccounts": [{"namespace": TEAM, "name": WORKER}]}},
 }
 MiB = 1 << 20
+ALERT_RULES = CHART / "rules" / "headroom-alerts.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -547,6 +551,41 @@ def test_metrics_need_a_token_whose_account_may_read_them(cluster: NodeCluster) 
     for p in operator_pods(cluster):
         ready = [c for c in p["status"]["conditions"] if c["type"] == "Ready"]
         assert [c["status"] for c in ready] == ["True"]
+
+
+def test_prometheus_scrapes_both_replicas_as_the_service_monitor_says(
+    cluster: NodeCluster, tmp_path: Path
+) -> None:
+    """A live Prometheus (Debian's) on the host scrapes the operator pods on the node the
+    way the chart's ServiceMonitor tells the Prometheus Operator to: https, the self-signed
+    certificate unverified, the bearer token of an account in metrics.readers. Both
+    replicas are up, exactly one says it leads, and the shipped alerts about the operator
+    itself stay quiet."""
+    values = tmp_path / "values.yaml"
+    values.write_text(json.dumps({**VALUES, "serviceMonitor": {"enabled": True}}))
+    rendered = cluster.helm(
+        "template", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "-f", str(values),
+        "-s", "templates/servicemonitor.yaml",
+    )  # fmt: skip
+    (endpoint,) = yaml.safe_load(rendered)["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https", endpoint
+    targets = []
+    for p in operator_pods(cluster):
+        (container,) = p["spec"]["containers"]
+        (port,) = [q for q in container["ports"] if q["name"] == endpoint["port"]]
+        targets.append(f"{p['status']['podIP']}:{port['containerPort']}")
+    token = tmp_path / "token"
+    token.write_text(cluster.kubectl("create", "token", WORKER, "-n", TEAM).strip())
+    job = service_monitor_scrape("headroom", endpoint, targets, token)
+    with PrometheusServer([job], rule_files=[ALERT_RULES]) as prom:
+        prom.wait_for('count(up{job="headroom"} == 1) == 2', timeout=60)
+        (leaders,) = prom.wait_for('sum(headroom_leader{job="headroom"})')
+        assert float(leaders["value"][1]) == 1, leaders
+        versions = prom.query('count(headroom_build_info{job="headroom"})')
+        assert float(versions[0]["value"][1]) == 2, versions
+        time.sleep(3)  # a few rule evaluations (every second)
+        loud = prom.query('ALERTS{alertname=~"HeadroomOperatorDown|HeadroomNoLeader"}')
+        assert loud == [], loud
 
 
 def test_helm_uninstall_keeps_the_crds_and_every_reservation(cluster: NodeCluster) -> None:
