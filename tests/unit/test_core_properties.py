@@ -11,6 +11,7 @@ reserved counter of the new ledger counts exactly what it admitted.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -334,21 +335,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 def _copies(entries: list[Entry]) -> list[Entry]:
-    """The entries as a rebuild reads them back from the API: new objects."""
-    return [
-        Entry(
-            e.id,
-            e.node,
-            e.ram_mb,
-            e.created_at,
-            e.last_heartbeat,
-            e.vram_mb,
-            e.expires_at,
-            e.owner,
-            e.description,
-        )
-        for e in entries
-    ]
+    """The entries as a rebuild reads them back from the API: new objects, same fields."""
+    return [dataclasses.replace(e) for e in entries]
 
 
 LedgerMachine.TestCase.settings = settings(

@@ -26,6 +26,7 @@ the namespace shares.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -655,20 +656,8 @@ def _sum(entries: Iterable[Entry]) -> Usage:
 
 
 def _copies(entries: Iterable[Entry]) -> list[Entry]:
-    return [
-        Entry(
-            e.id,
-            e.node,
-            e.ram_mb,
-            e.created_at,
-            e.last_heartbeat,
-            e.vram_mb,
-            e.expires_at,
-            e.owner,
-            e.description,
-        )
-        for e in entries
-    ]
+    """The entries as a rebuild reads them back from the API: new objects, same fields."""
+    return [dataclasses.replace(e) for e in entries]
 
 
 QuotaMachine.TestCase.settings = settings(
