@@ -83,6 +83,7 @@ async def status_of(custom: client.CustomObjectsApi, namespace: str, name: str) 
 
 
 def soon(seconds: float) -> str:
+    """An expiresAt ``seconds`` from now, cut to whole seconds (so up to 1 s sooner)."""
     return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -137,7 +138,9 @@ async def test_a_reclaim_whose_writes_keep_failing_is_written_in_the_end(
     make_node(node, memory="5Gi")
     metrics = OperatorMetrics(lambda: None)
     controller = await start(telemetry=metrics)
-    await asyncio.to_thread(rsv.create, custom, namespace, "retried", node, 1024, expiresAt=soon(2))
+    # 3-4 s: admitted before it expires, and the faults in place before its reclaim, even
+    # on a loaded machine (at 1-2 s it was once Rejected AlreadyExpired).
+    await asyncio.to_thread(rsv.create, custom, namespace, "retried", node, 1024, expiresAt=soon(4))
     assert (await asyncio.to_thread(rsv.wait_for, custom, namespace, "retried"))["status"][
         "phase"
     ] == "Admitted"
@@ -152,7 +155,7 @@ async def test_a_reclaim_whose_writes_keep_failing_is_written_in_the_end(
     assert retried == failed  # each unanswered write was tried again
 
     # A reclaim refused outright (403) is not retried in a loop, and the resync repairs it.
-    await asyncio.to_thread(rsv.create, custom, namespace, "refused", node, 1024, expiresAt=soon(2))
+    await asyncio.to_thread(rsv.create, custom, namespace, "refused", node, 1024, expiresAt=soon(4))
     await asyncio.to_thread(rsv.wait_for, custom, namespace, "refused")
     forbidden = transport.add(Rule("PATCH", "/reservations/refused/status", "refuse-403"))
     await eventually(
