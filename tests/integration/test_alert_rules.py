@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from headroom_dev.prometheus import run_promtool
-from tests.integration.test_chart import CHART, helm, render
+from tests.integration.test_chart import CHART, refused, render
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = CHART / "rules" / "headroom-alerts.yaml"
@@ -144,6 +144,4 @@ def test_the_schema_refuses_unknown_or_malformed_rule_values() -> None:
         ('prometheusRule={"runbookBaseURL": "wiki#x"}', "runbookBaseURL"),
         ('prometheusRule={"additionalAlertLabels": {"team": 1}}', "team"),
     ):
-        result = helm("template", "hr", str(CHART), "--set-json", value)
-        assert result.returncode != 0, value
-        assert named in result.stderr, (value, result.stderr)
+        refused(value, named)

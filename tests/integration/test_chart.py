@@ -56,6 +56,13 @@ def helm(*args: str) -> CompletedProcess[str]:
     )
 
 
+def refused(value: str, named: str) -> None:
+    """``helm template`` with ``key=<JSON>`` fails, and its error names ``named``."""
+    result = helm("template", "hr", str(CHART), "--set-json", value)
+    assert result.returncode != 0, value
+    assert named in result.stderr, (value, result.stderr)
+
+
 def render(*values: str) -> list[dict[str, Any]]:
     """Render with ``key=<JSON>`` values (as a user's values file would type them)."""
     argv = ["template", "headroom", str(CHART), "--namespace", NAMESPACE]

@@ -35,12 +35,11 @@ from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
 from headroom_dev.prometheus import PrometheusServer, scrape_config
 from tests.integration.metrics_access_support import SECURE, Accounts
+from tests.integration.test_dashboard import DASHBOARD, METRIC
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "charts" / "headroom" / "dashboards" / "headroom.json"
 RULES = ROOT / "charts" / "headroom" / "rules" / "headroom-alerts.yaml"
 JOB = "headroom"
-METRIC = re.compile(r"\bheadroom_[a-z_]+")
 
 #: Panels whose every query must return a finite sample after the demo load: those on
 #: metrics the operator serves on main today.
