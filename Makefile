@@ -104,7 +104,7 @@ dev: venv controlplane ## Local control plane + demo nodes; stays up until Ctrl-
 
 .PHONY: cluster
 cluster: venv controlplane helm controllers node image ## A real node on this machine + the chart installed from the local image + a demo (root; Ctrl-C stops).
-	$(PY) -m headroom_dev.cluster $(if $(CLUSTER_ONCE),--once,)
+	$(PY) -m headroom_dev.makecluster $(if $(CLUSTER_ONCE),--once,)
 
 .PHONY: clean
 clean: ## Remove the virtualenv and caches (keeps the built binaries).

@@ -89,6 +89,15 @@ stop_pid() {  # NAME: SIGTERM, then SIGKILL after 10 s
   rm -f "$run/$name.pid"
 }
 
+stop_stray() {  # NAME PATTERN: one whose pid file was never written (its driver was
+  # stopped between starting it and the echo): found by its command line, then stopped.
+  local name="$1" pid
+  for pid in $(pgrep -f -- "$2" || true); do
+    mkdir -p "$run" && echo "$pid" > "$run/$name.pid"
+    stop_pid "$name"
+  done
+}
+
 write_configs() {
   mkdir -p "$root"/{containerd,kubelet,log,pod-logs,cni/net.d,cni/networks} "$run"
   cat > "$root/containerd.toml" <<TOML
@@ -235,6 +244,7 @@ down() {
   [[ $EUID -eq 0 ]] || die "must run as root"
   local started=$SECONDS
   stop_pid kubelet
+  stop_stray kubelet "--config=$root/kubelet.yaml"
   # Whatever containers are left: kill and delete them through containerd (no CNI DEL:
   # their network namespaces and IPs are removed below by hand).
   if [[ -S "$sock" ]] && ctr --address "$sock" version >/dev/null 2>&1; then
@@ -246,6 +256,7 @@ down() {
     for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ containers delete "$id" >/dev/null 2>&1 || true; done
   fi
   stop_pid containerd
+  stop_stray containerd "containerd --config $root/containerd.toml"
   # Shims outlive containerd by design; ours are the ones whose -address is our socket.
   local pid
   for pid in $(pgrep -f -- "containerd-shim-runc-v2 .*-address $sock" || true); do kill -KILL "$pid" 2>/dev/null || true; done

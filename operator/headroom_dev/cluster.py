@@ -1,4 +1,4 @@
-"""``make cluster``: the operator the way users run it, on a real node on this machine.
+"""The operator the way users run it, on a real node on this machine (``make cluster``).
 
 The control plane with its controllers and scheduler, a real node (containerd +
 kubelet, :mod:`headroom_dev.kubelet`), the operator's image built without a
@@ -6,22 +6,18 @@ Docker engine (``hack/image/build.sh``) and imported into the node, and the char
 installed with ``helm install``: the operator runs as a pod with its ServiceAccount
 and in-cluster config. The demo is a Job that holds memory through ``headroom
 hold`` and heartbeats from inside its container, a reservation too big for the
-node, and one whose owner never heartbeats. It prints the lines to paste into
-another shell, and stays up until Ctrl-C. ``--once`` runs the demo to its end,
-checks every outcome and exits 0 (how the test suite proves the path works).
+node, and one whose owner never heartbeats. ``make cluster`` itself, which prints
+the lines to paste into another shell and stays up until Ctrl-C, is
+:mod:`headroom_dev.makecluster`.
 
 The tests on a node (tests/e2e/test_on_node.py) use :class:`NodeCluster` too.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import signal
-import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,12 +26,11 @@ import yaml
 
 from headroom.api.constants import OWNER_LABEL
 from headroom_dev.controllers import NODE_CONTROLLERS
-from headroom_dev.controlplane import ControlPlane, bin_dir, binary
+from headroom_dev.controlplane import ControlPlane, binary
 from headroom_dev.kubelet import KubeletNode, NodeError, run_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "headroom"
-CLUSTER_DIR = ROOT / ".cluster"
 RELEASE, RELEASE_NAMESPACE = "headroom", "headroom-system"
 NODE_IMAGES = ("pause", "busybox", "kubectl")
 
@@ -67,14 +62,19 @@ class NodeCluster:
         self.image = operator_image()
         self.figures: dict[str, float] = {}
 
-    def start(self) -> NodeCluster:
+    def start(self, say: Callable[[str], object] = lambda _: None) -> NodeCluster:
+        """``say`` is told each phase before it begins (``make cluster`` prints them)."""
+        say("building the images (or reusing them from the cache)")
         archives = build_images()  # before anything runs: a failed build leaves nothing
         try:
             began = time.monotonic()
+            say("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler")
             self.plane.start()
             self.figures["control plane up s"] = time.monotonic() - began
+            say(f"starting the node {self.node.name} (containerd and the kubelet)")
             self.node.start()
             self.figures["node Ready s"] = self.node.ready_seconds or 0.0
+            say(f"importing {len(archives)} images into the node")
             began = time.monotonic()
             for archive in archives:
                 self.node.import_image(archive)
@@ -85,6 +85,7 @@ class NodeCluster:
         return self
 
     def stop(self) -> None:
+        """Stop the node, then the control plane. Safe to call twice, and at any phase."""
         try:
             self.node.stop()
         finally:
@@ -284,79 +285,3 @@ def outcomes(cluster: NodeCluster) -> dict[str, tuple[str, str]]:
         )
         for i in items
     }
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--once", action="store_true", help="run the demo to its end and exit")
-    args = parser.parse_args(argv)
-    stale = "6s" if args.once else "30s"
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
-    try:
-        code = _run(args.once, stale, stop)
-    except KeyboardInterrupt:  # Ctrl-C, at any moment: the with-block has torn down
-        code = 130
-    finally:
-        shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
-    _say("stopped: the node and the control plane are down")
-    return code
-
-
-def _run(once: bool, stale: str, stop: threading.Event) -> int:
-    with NodeCluster(CLUSTER_DIR / "plane") as cluster:
-        kubeconfig = CLUSTER_DIR / "kubeconfig"
-        shutil.copy(cluster.plane.kubeconfig, kubeconfig)
-        _say(f"control plane up at {cluster.plane.url}; node {cluster.node.name} Ready")
-        took = cluster.install(demo_values(stale))
-        _say(f"helm install {RELEASE} -n {RELEASE_NAMESPACE}: operator Ready in {took:.1f}s")
-        _say("\nIn another shell:\n")
-        _say(f"  export KUBECONFIG={kubeconfig}")
-        _say(f"  export PATH={bin_dir()}:$PATH")
-        _say(
-            "  kubectl get pods,rsv -A -w   # the operator's log: "
-            f"kubectl logs -n {RELEASE_NAMESPACE} deploy/{RELEASE} -f\n"
-        )
-        cluster.apply(demo(cluster, work_seconds=20 if once else 300))
-        _say(
-            f"demo applied in namespace {DEMO_NAMESPACE}: Job 'train' holds 2 GiB while it runs; "
-            f"'forgotten' goes stale after {stale}; 'too-big' is rejected"
-        )
-        if once:
-            return _check(cluster, deadline=time.monotonic() + 120)
-        _say("\nCtrl-C to stop.")
-        stop.wait()  # SIGTERM; Ctrl-C raises KeyboardInterrupt
-        _say("stopping")
-    return 0
-
-
-def _check(cluster: NodeCluster, deadline: float) -> int:
-    """The Job's claim is Admitted while it runs and gone after; the others as EXPECTED."""
-    held = False
-    seen: dict[str, tuple[str, str]] = {}
-    while time.monotonic() < deadline:
-        seen = outcomes(cluster)
-        held = held or any(
-            phase == "Admitted" for name, (phase, _) in seen.items() if name not in EXPECTED
-        )
-        job = cluster.get("job", "train", "-n", DEMO_NAMESPACE)
-        done = (job.get("status") or {}).get("succeeded") == 1
-        if held and done and seen == EXPECTED:
-            for name, (phase, reason) in sorted(seen.items()):
-                _say(f"  {name:<10} {phase:<10} {reason}")
-            _say("  Job train: Succeeded; its claim was Admitted while it ran and released after")
-            _say("--once: every demo outcome reached")
-            return 0
-        time.sleep(1)
-    _say(f"--once: demo did not reach its outcomes: held={held} reservations={seen}")
-    _say(cluster.diagnose(DEMO_NAMESPACE, "batch.kubernetes.io/job-name=train"))
-    return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -68,6 +69,39 @@ class StopOnSignals:
     def shield(self) -> None:
         """From now on a signal does not interrupt: the clean-up under way finishes."""
         self._raising = False
+
+    def ignore(self) -> None:
+        """From now on a signal is ignored: for the process's last moments, once its
+        stop is done. (Python restores the default handlers as it shuts down, and a
+        signal then would end it by the signal, not with the exit code it chose.)"""
+        self._raising = False
+        for each in HANDLED:
+            signal.signal(each, signal.SIG_IGN)
+
+
+#: A harness's ``main(argv, signals)``: handlers installed and armed; returns the exit code.
+Program = Callable[[list[str] | None, StopOnSignals], int]
+
+
+def run_program(label: str, module: str, argv: list[str] | None = None) -> int:
+    """Install the handlers, then import ``module`` and run its ``main(argv, signals)``.
+
+    Importing a harness (the Kubernetes client, pydantic, yaml) takes a moment; a
+    Ctrl-C in that moment would otherwise print a traceback from deep inside an
+    import. A stop that comes before the harness has started anything says so in
+    one line, prefixed with ``label`` (``make dev``)."""
+    signals = StopOnSignals()
+    try:
+        signals.arm()
+        print(f"{label}: starting; Ctrl-C stops it at any moment", flush=True)
+        program: Program = importlib.import_module(module).main
+        return program(argv, signals)
+    except Stopped as stopped:  # one that the program did not handle: nothing started
+        name = signal.Signals(stopped.signum).name
+        print(f"{label}: stopped by {name} before anything was started", flush=True)
+        return stopped.exit_code
+    finally:
+        signals.ignore()
 
 
 class LockHeldError(RuntimeError):

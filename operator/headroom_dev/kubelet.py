@@ -18,17 +18,19 @@ One node per machine (the bridge, the CRI's netns names and containerd 1.6's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from headroom_dev.interrupts import hold_lock
 from headroom_dev.process import ControlPlaneError, binary, https_get
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 NODE_SH = REPO / "hack" / "node" / "node.sh"
 BUILD = "make node"
 CONTAINERD_SOCKET = "/run/headroom-node/containerd.sock"
+NODE_ROOT = Path(os.environ.get("HEADROOM_NODE_ROOT", "/var/lib/headroom-node"))
 NODE_LOG_DIR = "/var/lib/headroom-node/log"
 KUBELET_PORT = 10250
 KUBELET_SERVING_CERT = Path("/var/lib/headroom-node/kubelet/pki/kubelet.crt")
@@ -69,19 +72,61 @@ def run_tool(
     stdin: str | None = None,
     env: dict[str, str] | None = None,
     timeout: float,
+    own_session: bool = False,
 ) -> str:
     """Run a command-line tool (node.sh, kubectl, helm, ctr, an image build); its
-    stdout, or a :class:`NodeError` with the end of its stderr."""
+    stdout, or a :class:`NodeError` with the end of its stderr.
+
+    ``own_session``: out of reach of a signal sent to the caller's process group, for
+    a clean-up (``node.sh down``) that a second Ctrl-C must not cut short. If the
+    caller is stopped (a signal raised here), the tool is asked to stop with SIGTERM
+    and given :data:`TOOL_GRACE` seconds to clean up after itself (the image build
+    unmounts its chroot) before it is killed."""
     what = " ".join(argv[:3])
+    with subprocess.Popen(
+        argv,
+        stdin=None if stdin is None else subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        start_new_session=own_session,
+    ) as process:
+        try:
+            out, err = process.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired as error:
+            process.kill()
+            process.communicate()
+            raise NodeError(f"{what} ...: no answer after {timeout:.0f}s") from error
+        except BaseException:  # a stop (Stopped, KeyboardInterrupt): the tool stops too
+            _end(process)
+            raise
+    if process.returncode != 0:
+        raise NodeError(f"{what} ... exited {process.returncode}:\n{err[-3000:]}")
+    return out
+
+
+#: Seconds a tool has to finish its own clean-up once its caller stops.
+TOOL_GRACE = 20.0
+
+
+def _end(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()  # it may have had the signal already (its group's), no harm
     try:
-        done = subprocess.run(
-            argv, input=stdin, env=env, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired as error:
-        raise NodeError(f"{what} ...: no answer after {timeout:.0f}s") from error
-    if done.returncode != 0:
-        raise NodeError(f"{what} ... exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return done.stdout
+        process.communicate(timeout=TOOL_GRACE)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+
+
+@contextlib.contextmanager
+def hold_node() -> Iterator[None]:
+    """The machine's one node for the block: a second driver (``make cluster`` in any
+    checkout) refuses at once with :class:`~headroom_dev.interrupts.LockHeldError`
+    instead of starting over, or tearing down, this one's node."""
+    with hold_lock(NODE_ROOT):
+        yield
 
 
 class KubeletNode:
@@ -130,7 +175,10 @@ class KubeletNode:
     def stop(self) -> None:
         """Stop the kubelet and containerd and clean everything up. Safe to call twice."""
         if self.started:
-            self._node_sh("down", timeout=180)
+            # In its own session: the second signal of a Ctrl-C pressed twice (or a
+            # script's SIGINT then SIGTERM) reaches the whole group, and must not kill
+            # the clean-up half-way.
+            self._node_sh("down", timeout=180, own_session=True)
             self.started = False
 
     def __enter__(self) -> KubeletNode:
@@ -200,8 +248,16 @@ class KubeletNode:
 
     # -- internals -------------------------------------------------------------------
 
-    def _node_sh(self, *args: str, env: dict[str, str] | None = None, timeout: float) -> str:
-        return run_tool(["bash", str(NODE_SH), *args], env=env, timeout=timeout)
+    def _node_sh(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float,
+        own_session: bool = False,
+    ) -> str:
+        return run_tool(
+            ["bash", str(NODE_SH), *args], env=env, timeout=timeout, own_session=own_session
+        )
 
     def _wait(self, check: Callable[[], bool], deadline: float, what: str) -> None:
         while time.monotonic() < deadline:
