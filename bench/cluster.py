@@ -61,6 +61,7 @@ from headroom.kube.client import Credentials, KubeClient
 from headroom.kube.transport import ApiError, ApiUnavailableError, resource_path
 from headroom_dev.apply import api_client, install_crds
 from headroom_dev.controlplane import ControlPlane
+from headroom_dev.interrupts import stop_cleanly
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 
@@ -997,4 +998,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        stop_cleanly(
+            "bench/cluster.py",
+            main,
+            "its operators, kube-apiserver and etcd are stopped; the figures so far are saved",
+        )
+    )

@@ -30,6 +30,7 @@ from report import write_json
 from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
 from headroom.ledger import Entry, Ledger, Owner
+from headroom_dev.interrupts import stop_cleanly
 
 NODES = 100
 T0 = datetime(2026, 12, 2, tzinfo=UTC)
@@ -118,4 +119,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_cleanly("bench/core.py", main, "nothing was running beside it"))

@@ -97,6 +97,7 @@ from report import table
 
 from headroom.kube.client import KubeClient
 from headroom.kube.transport import ApiError
+from headroom_dev.interrupts import stop_cleanly
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 
@@ -629,4 +630,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        stop_cleanly(
+            "bench/fairness.py",
+            main,
+            "its operators, kube-apiserver and etcd are stopped; the figures so far are saved",
+        )
+    )

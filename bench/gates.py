@@ -32,6 +32,7 @@ from report import write_json
 from headroom.kube.client import KubeClient
 from headroom_dev.apply import install_crds
 from headroom_dev.controlplane import ControlPlane, free_port
+from headroom_dev.interrupts import stop_cleanly
 from headroom_dev.nodes import create_node
 from headroom_dev.webhooks import PATH, gating_configuration
 
@@ -259,4 +260,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        stop_cleanly(
+            "bench/gates.py",
+            main,
+            "its operator, the controllers, kube-apiserver and etcd are stopped",
+        )
+    )

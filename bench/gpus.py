@@ -34,6 +34,7 @@ from report import write_json
 from headroom.kube.client import KubeClient
 from headroom_dev.apply import install_crds
 from headroom_dev.controlplane import ControlPlane
+from headroom_dev.interrupts import stop_cleanly
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 
@@ -135,4 +136,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        stop_cleanly(
+            "bench/gpus.py",
+            main,
+            "its operators, kube-apiserver and etcd are stopped; the phases done are saved",
+        )
+    )

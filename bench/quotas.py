@@ -60,6 +60,7 @@ from headroom.kube.client import KubeClient
 from headroom.kube.transport import ApiError
 from headroom_dev.apply import install_crds
 from headroom_dev.controlplane import ControlPlane
+from headroom_dev.interrupts import stop_cleanly
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 from headroom_dev.quotas import quota
@@ -417,4 +418,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        stop_cleanly("bench/quotas.py", main, "its operators, kube-apiserver and etcd are stopped")
+    )

@@ -104,6 +104,24 @@ def run_program(label: str, module: str, argv: list[str] | None = None) -> int:
         signals.ignore()
 
 
+def stop_cleanly(label: str, program: Callable[[], int], cleaned: str) -> int:
+    """Run ``program()`` (a benchmark's ``main``) so that a SIGINT or SIGTERM stops it as
+    :class:`Stopped`: its ``with`` and ``finally`` blocks (and, under ``asyncio.run``,
+    its cancelled tasks') stop what it started, later signals cannot cut that short,
+    one line says so (``label: stopped by SIGINT; cleaned``) and the exit code is 130
+    or 143."""
+    signals = StopOnSignals()
+    try:
+        signals.arm()
+        return program()
+    except Stopped as stopped:
+        name = signal.Signals(stopped.signum).name
+        print(f"{label}: stopped by {name}; {cleaned}", flush=True)
+        return stopped.exit_code
+    finally:
+        signals.ignore()
+
+
 class LockHeldError(RuntimeError):
     """Another run holds the directory's lock; the message names its pid."""
 
