@@ -64,6 +64,7 @@ start=$SECONDS
 mkdir -p "$images"
 work="$(mktemp -d /tmp/headroom-image.XXXXXX)"
 cleanup() {
+  trap '' INT TERM  # a second Ctrl-C (or a script's SIGTERM after its SIGINT) must not cut this short
   # Never delete through a mount that mmdebstrap or a chroot left behind.
   if findmnt -rn -o TARGET | grep -q "^$work"; then
     echo "build.sh: mounts remain under $work; not removing it" >&2
