@@ -1,13 +1,24 @@
-"""``headroom run``: load the config, connect, and run the operator until stopped."""
+"""``headroom run``: load the config, connect, and run the operator until stopped.
+
+The stop order is what a takeover needs: the Lease is released as soon as the
+controller has stopped, so a standby decides at once, while the webhook keeps
+answering for ``webhook.drainDelay`` (the terminating pod's endpoint leaves the
+Service only as the EndpointSlice controller and the API server see it go), and
+every replica serves the webhook before it holds the Lease and while it waits.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
+import signal
 import socket
+import threading
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
 
 import kopf
@@ -27,6 +38,7 @@ from headroom.serving.metrics import EventsCollector, OperatorMetrics
 from headroom.serving.probes import ProbeServer
 from headroom.serving.scrape import MetricsServer
 from headroom.serving.webhook import WebhookServer
+from headroom.serving.webhookthread import WebhookThread
 
 log = logging.getLogger("headroom")
 CONFIG_ENV = "HEADROOM_CONFIG"
@@ -80,15 +92,16 @@ def _elector(
 
 def _webhook(
     config: OperatorConfig, client: KubeClient, clock: Clock, metrics: OperatorMetrics
-) -> tuple[WebhookServer, CertificateKeeper] | None:
-    """The admission webhook's server and the keeper of its certificate, when enabled."""
+) -> tuple[WebhookThread, CertificateKeeper] | None:
+    """The admission webhook's server (on its own thread) and the keeper of its
+    certificate, when enabled."""
     webhook = config.webhook
     if not webhook.enabled:
         return None
     certificate = webhook.certificate
     namespace = certificate.namespace or os.environ.get("POD_NAMESPACE", "default")
     service_namespace = certificate.service_namespace or namespace
-    server = WebhookServer(webhook.host, webhook.port, on_review=metrics.reviewed)
+    server = WebhookThread(WebhookServer(webhook.host, webhook.port, on_review=metrics.reviewed))
     names = service_names(
         certificate.service_name, service_namespace, tuple(certificate.extra_names)
     )
@@ -121,6 +134,63 @@ def _metrics_server(
         names=("localhost", "127.0.0.1", socket.gethostname()),
         cert_dir=config.metrics_cert_dir,
     )
+
+
+class _Signals:
+    """SIGTERM and SIGINT set ``stop``; one more while draining ends the drain at once.
+
+    kopf installs its own handlers while it runs (its stop ends in our cleanup, which
+    sets ``stop``); these cover a standby waiting for the Lease and the drain after kopf.
+    """
+
+    NUMBERS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        self.draining = False
+        self._hurry = asyncio.Event()
+        self._installed = False
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may handle signals (an embedded run)
+        loop = asyncio.get_running_loop()
+        for number in self.NUMBERS:
+            loop.add_signal_handler(number, self._signalled)
+        self._installed = True
+
+    def uninstall(self) -> None:
+        if self._installed:
+            loop = asyncio.get_running_loop()
+            for number in self.NUMBERS:
+                loop.remove_signal_handler(number)
+
+    def _signalled(self) -> None:
+        if self.stop.is_set():
+            self._hurry.set()
+        self.stop.set()
+
+    async def drain(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if signalled again."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._hurry.wait(), seconds)
+
+
+async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Await ``work``, unless ``stop`` is set first (then it is cancelled): did it end?"""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False
 
 
 def _stop_deciding_now() -> None:
@@ -164,12 +234,14 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
         (lambda: elector.is_leader) if elector is not None else controller.ready.is_set
     )
     webhook = _webhook(config, client, clock, metrics)
+    signals = _Signals(stop)
     probes = ProbeServer(
         controller,
         config.probe_host,
         config.probe_port,
         standby=lambda: elector is not None and not elector.is_leader,
-        webhook_ready=lambda: webhook is None or webhook[0].ready,
+        webhook_ready=(lambda: webhook[0].ready) if webhook is not None else None,
+        stopping=lambda: signals.draining,
     )
     scrapes = _metrics_server(config, metrics, client, clock)
     await scrapes.start()
@@ -180,12 +252,14 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
     if webhook is not None:  # every replica serves it, before and without the Lease
         await webhook[0].start()
         supervisor.spawn("webhook-certificate", webhook[1].run())
-    if elector is not None:
-        await elector.acquire(on_lost=_stop_deciding_now)  # a standby waits here
-        supervisor.spawn("lease", elector.held())
-    settings = kopf.OperatorSettings()
-    configure(settings)
+    signals.install()
     try:
+        if elector is not None:  # a standby waits here, serving the webhook
+            if not await _unless_stopped(elector.acquire(on_lost=_stop_deciding_now), stop):
+                return 1 if failures else 0  # stopped as a standby (the finally drains)
+            supervisor.spawn("lease", elector.held())
+        settings = kopf.OperatorSettings()
+        configure(settings)
         await kopf.operator(
             registry=build_registry(credentials),
             settings=settings,
@@ -197,11 +271,21 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
             identity=identity,  # type: ignore[arg-type]
         )
     finally:
+        signals.draining = True  # /readyz: 503 from now on
+        signals.install()  # kopf's handlers went with it: one more signal ends the drain
+        drain = config.webhook.drain_delay.total_seconds() if webhook is not None else 0.0
+        drained = asyncio.get_running_loop().time() + drain
+        if webhook is not None:
+            webhook[0].drain()
         if elector is not None:
-            await elector.release()
+            await elector.release()  # at once: a standby decides while this one drains
+        if drain > 0:
+            log.info("stopping: the webhook answers %.0fs more, the Lease is released", drain)
+            await signals.drain(drained - asyncio.get_running_loop().time())
         await probes.stop()
         await scrapes.stop()
         if webhook is not None:
             await webhook[0].stop()
         await client.close()
+        signals.uninstall()
     return 1 if failures else 0

@@ -111,12 +111,14 @@ class OperatorProcess:
         return _get(conn, "/metrics", headers)
 
     def ready(self, body: str | None = None) -> bool:
-        """/readyz answers 200 (and, if given, exactly ``body``: "ok" or "standby")."""
+        """/readyz answers 200 with exactly ``body`` if given, else "ok" or "standby": a
+        replica whose webhook serves is ready while it rebuilds its ledger too (200
+        "rebuilding the ledger"), and the tests wait for one that can decide or wait."""
         try:
             status, text = self.get("/readyz")
         except OSError:
             return False
-        return status == 200 and (body is None or text == body)
+        return status == 200 and (text in ("ok", "standby") if body is None else text == body)
 
     def wait_ready(self, timeout: float = 60, body: str | None = None) -> None:
         """Wait for /readyz; ``body="ok"`` waits for a leader that can decide, since a

@@ -287,6 +287,7 @@ def test_webhook_render() -> None:
     assert config["webhook"] == {
         "enabled": True,
         "port": 9443,
+        "drainDelay": "5s",  # a stopping replica answers while its endpoint goes
         "certificate": {
             "namespace": NAMESPACE,
             "secretName": "headroom-webhook-cert",

@@ -79,14 +79,18 @@ def test_the_webhook_is_off_by_default_and_its_certificate_settings_are_checked(
     assert webhook.certificate.secret_name == "headroom-webhook-cert"
     assert webhook.certificate.validity == timedelta(days=90)
     assert webhook.certificate.ca_validity == timedelta(days=365)
+    assert webhook.drain_delay == timedelta(0)  # a local process has no endpoint to leave
     on = parse_config("webhook: {enabled: true, certificate: {extraNames: [127.0.0.1]}}")
     assert on.webhook.certificate.extra_names == ["127.0.0.1"]
+    assert parse_config("webhook: {drainDelay: 5s}").webhook.drain_delay == timedelta(seconds=5)
     for text, named in [
         ("webhook: {port: 70000}", "webhook.port"),
         ("webhook: {tls: {}}", "webhook.tls"),
         ("webhook: {certificate: {secretname: x}}", "webhook.certificate.secretname"),
         ("webhook: {certificate: {validity: 400d}}", "webhook.certificate.validity"),
         ("webhook: {certificate: {validity: 2h, caValidity: 1h}}", "webhook.certificate"),
+        ("webhook: {drainDelay: 6m}", "webhook.drainDelay"),
+        ("webhook: {drainDelay: -1s}", "webhook.drainDelay"),
     ]:
         with pytest.raises(ConfigError) as error:
             parse_config(text, "f.yaml")

@@ -44,6 +44,10 @@ from headroom.api.parse import parse_duration, parse_ratio, shown
 FastDuration = Annotated[
     timedelta, BeforeValidator(partial(parse_duration, low=timedelta(milliseconds=10)))
 ]
+#: How long a stopping replica keeps answering the webhook: 0 (a local process) to 5 min.
+DrainDuration = Annotated[
+    timedelta, BeforeValidator(partial(parse_duration, low=timedelta(0), high=timedelta(minutes=5)))
+]
 #: Windows and periods that are meant in seconds or more.
 Duration = Annotated[timedelta, BeforeValidator(partial(parse_duration, low=timedelta(seconds=1)))]
 Ratio = Annotated[Fraction, BeforeValidator(parse_ratio)]
@@ -241,6 +245,15 @@ class WebhookConfig(BaseModel):
     host: str = "0.0.0.0"  # a pod listens on all interfaces
     port: StrictInt = Field(9443, ge=0, le=65535)
     certificate: WebhookCertificateConfig = Field(default_factory=WebhookCertificateConfig)
+    drain_delay: DrainDuration = Field(
+        timedelta(0),
+        alias="drainDelay",
+        description=(
+            "After a stop signal the webhook keeps answering this long (the Lease is "
+            "released at once): a terminating pod's endpoint leaves the Service only as "
+            "the EndpointSlice controller and the API server see it go. The chart sets 5s."
+        ),
+    )
 
 
 class OperatorConfig(BaseModel):

@@ -1,8 +1,14 @@
 """The mutating admission webhook's HTTPS server: AdmissionReview in, AdmissionReview out.
 
-Every replica serves it, leader or standby: the answer depends on the pod alone
-(:mod:`headroom.objects.gating`), never on the ledger, so the Service may send a
-review to any ready replica.
+Every replica serves it, leader, standby or rebuilding: the answer depends on the
+pod alone (:mod:`headroom.objects.gating`), never on the ledger, so the Service may
+send a review to any replica that has its certificate (what its readiness says).
+
+A stopping replica keeps answering while it drains (:meth:`WebhookServer.drain`):
+the API server resolves the Service to an endpoint only when it dials, and keeps
+its HTTP/1.1 connections open between reviews, so reviews still arrive after the
+pod's endpoint went not-ready. Each answer during the drain closes its connection,
+so the API server's next review dials again and reaches a replica that stays.
 
 The certificate can change under a running server (renewal, or another replica
 rotated the shared Secret). New TLS handshakes get the new one without a restart
@@ -58,6 +64,7 @@ class WebhookServer:
         self._tls = SwappableContext()
         self._directory: str | None = None
         self.certificate: bytes | None = None
+        self.draining = False
 
     @property
     def ready(self) -> bool:
@@ -83,6 +90,10 @@ class WebhookServer:
         if self._directory is not None:
             await asyncio.to_thread(shutil.rmtree, self._directory, True)
 
+    def drain(self) -> None:
+        """From now on every answer closes its connection (``Connection: close``)."""
+        self.draining = True
+
     async def load(self, cert_pem: bytes, key_pem: bytes) -> None:
         """Serve this pair from the next handshake on (a no-op if it is already served)."""
         if cert_pem == self.certificate:
@@ -103,9 +114,13 @@ class WebhookServer:
                 answer = _answer(body)
         except (ValueError, RecursionError) as error:  # ReviewError is a ValueError
             self._on_review("error", time.perf_counter() - started)
-            return web.Response(status=400, text=f"not an AdmissionReview: {error}"[:1000])
-        self._on_review(result_of(answer), time.perf_counter() - started)
-        return web.json_response(answer)
+            response = web.Response(status=400, text=f"not an AdmissionReview: {error}"[:1000])
+        else:
+            self._on_review(result_of(answer), time.perf_counter() - started)
+            response = web.json_response(answer)
+        if self.draining:
+            response.force_close()
+        return response
 
 
 def result_of(answer: dict[str, Any]) -> str:
