@@ -93,7 +93,8 @@ class Ledger:
     def _claimed(self, entry: Entry, sign: int) -> None:
         if entry.owner.pod:
             namespace = entry.id.split("/", 1)[0]
-            self._apply(self.pods.claim((namespace, entry.owner.pod), sign * entry.ram_mb))
+            key = (namespace, entry.owner.pod)
+            self._apply(self.pods.claim(key, entry.node, sign * entry.ram_mb))
 
     def set_node_capacity(
         self,
