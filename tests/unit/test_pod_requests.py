@@ -11,7 +11,7 @@ from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import Entry, Ledger, Owner
 from headroom.ledger.pods import PodRequests
-from headroom.objects.pods import memory_request_mb
+from headroom.objects.podmemory import memory_request_mb
 
 T0 = datetime(2026, 12, 4, tzinfo=UTC)
 PODS = st.sampled_from([("ml", "a"), ("ml", "b"), ("ci", "a")])

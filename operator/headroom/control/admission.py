@@ -39,7 +39,7 @@ from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON
 from headroom.ledger import Entry
 from headroom.logs import about
-from headroom.objects.pods import owning_pod_uid
+from headroom.objects.pods import is_own_reservation, owning_pod_uid
 from headroom.objects.reservations import (
     decision_essentials,
     heartbeat_value,
@@ -116,14 +116,11 @@ class Admission:
         may_act: Callable[[], bool],
         strict: bool = False,
         telemetry: Telemetry | None = None,
-        bound_to: Callable[[str, str], str | None] = lambda namespace, pod: None,
         namespace_ready: Callable[[str], bool] = lambda namespace: True,
     ) -> None:
-        """``bound_to(namespace, pod)``: the node a claiming pod already runs on without
-        our gate (the webhook missed it); its claim is recorded there, fit or not.
-        ``namespace_ready(namespace)``: whether the namespace's quotas are known."""
+        """``namespace_ready(namespace)``: whether the namespace's quotas are known."""
         self._state, self._writer, self._lookups, self._clock = state, writer, lookups, clock
-        self._bound_to, self._namespace_ready = bound_to, namespace_ready
+        self._namespace_ready = namespace_ready
         self._may_act, self._strict = may_act, strict
         self._telemetry = telemetry or NoTelemetry()
         self._queue: dict[str, Pending] = {}
@@ -273,8 +270,7 @@ class Admission:
                 return
             # Deleted and created again while its DELETED event was lost: the old one is gone.
             state.forget(namesake.uid, self._clock.monotonic())
-        pod = entry.owner.pod
-        if entry.pod_lifetime and pod and self._bound_to(pending.namespace, pod) == entry.node:
+        if self._own_of_running_pod(pending, entry):
             verdict = state.ledger.record(entry, now)  # it runs there already: say so, fit or not
         else:
             verdict = state.ledger.reserve_or_wait(
@@ -290,6 +286,20 @@ class Admission:
         record.decision.position = verdict.position
         state.remember(record)
         self._writer.ensure(record.uid)
+
+    def _own_of_running_pod(self, pending: Pending, entry: Entry) -> bool:
+        """Whether this is the operator's own reservation for a claim pod that runs on its
+        node already (the webhook missed it, or it was labelled later): only that one is
+        recorded past the node's limit and the quotas. The pod is as the owner-pod watch
+        last showed it (the operator labels a claim pod as an owner before it writes
+        the reservation, and the decision waited for the owner pod to be known)."""
+        pod = entry.owner.pod
+        seen = self._state.pods.get((pending.namespace, pod)) if pod is not None else None
+        if seen is None or seen.running is None:
+            return False
+        ram, vram = self._state.ledger.capacity(seen.running.node)
+        owner_uid = owning_pod_uid(pending.obj)
+        return is_own_reservation(entry, owner_uid, seen.uid, seen.running, ram, vram)
 
     def _settle_waiting(self) -> None:
         """Decide what waits: refuse those whose wait ran out, admit those that fit now."""

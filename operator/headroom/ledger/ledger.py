@@ -167,6 +167,11 @@ class Ledger:
         state = self._nodes.get(node)
         return state is not None and state.known
 
+    def capacity(self, node: str) -> tuple[int | None, int | None]:
+        """The node's total RAM and VRAM in MiB (None: unknown)."""
+        state = self._nodes.get(node)
+        return (state.total_ram_mb, state.vram_mb) if state is not None else (None, None)
+
     def limits_for(self, node: str) -> Limits:
         state = self._nodes.get(node)
         return state.limits if state is not None else self.limits
