@@ -32,6 +32,7 @@ from headroom.api.constants import OWNER_LABEL
 from headroom.api.parse import InvalidValueError, parse_time
 from headroom.api.reasons import Phase, Reason
 from headroom.control.lookups import Lookups, PodAnswer
+from headroom.control.ownclaims import OwnClaims
 from headroom.control.state import POD, RESERVATION, Record, State
 from headroom.control.telemetry import NoTelemetry, Telemetry
 from headroom.control.writer import StatusWriter
@@ -39,7 +40,7 @@ from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON
 from headroom.ledger import Entry
 from headroom.logs import about
-from headroom.objects.pods import is_own_reservation, owning_pod_uid
+from headroom.objects.pods import owning_pod_uid
 from headroom.objects.reservations import (
     decision_essentials,
     heartbeat_value,
@@ -121,6 +122,7 @@ class Admission:
         """``namespace_ready(namespace)``: whether the namespace's quotas are known."""
         self._state, self._writer, self._lookups, self._clock = state, writer, lookups, clock
         self._namespace_ready = namespace_ready
+        self._own = OwnClaims(state, lookups, clock)
         self._may_act, self._strict = may_act, strict
         self._telemetry = telemetry or NoTelemetry()
         self._queue: dict[str, Pending] = {}
@@ -223,9 +225,11 @@ class Admission:
             return False
         if not self._namespace_ready(pending.namespace):  # its labels decide its quotas
             return False
-        return (
-            pod is None or self._lookups.owner_pod(pending.namespace, pod, pending.seen) is not None
-        )
+        if pod is None:
+            return True
+        if self._lookups.owner_pod(pending.namespace, pod, pending.seen) is None:
+            return False
+        return self._own.ready(pending.namespace, pending.name, pending.obj, pod, pending.seen)
 
     def _decide(self, pending: Pending) -> None:
         """Decide one reservation and hand it to the writer. No await in here."""
@@ -270,7 +274,7 @@ class Admission:
                 return
             # Deleted and created again while its DELETED event was lost: the old one is gone.
             state.forget(namesake.uid, self._clock.monotonic())
-        if self._own_of_running_pod(pending, entry):
+        if self._own.is_own(pending.namespace, pending.obj, entry):
             verdict = state.ledger.record(entry, now)  # it runs there already: say so, fit or not
         else:
             verdict = state.ledger.reserve_or_wait(
@@ -286,20 +290,6 @@ class Admission:
         record.decision.position = verdict.position
         state.remember(record)
         self._writer.ensure(record.uid)
-
-    def _own_of_running_pod(self, pending: Pending, entry: Entry) -> bool:
-        """Whether this is the operator's own reservation for a claim pod that runs on its
-        node already (the webhook missed it, or it was labelled later): only that one is
-        recorded past the node's limit and the quotas. The pod is as the owner-pod watch
-        last showed it (the operator labels a claim pod as an owner before it writes
-        the reservation, and the decision waited for the owner pod to be known)."""
-        pod = entry.owner.pod
-        seen = self._state.pods.get((pending.namespace, pod)) if pod is not None else None
-        if seen is None or seen.running is None:
-            return False
-        ram, vram = self._state.ledger.capacity(seen.running.node)
-        owner_uid = owning_pod_uid(pending.obj)
-        return is_own_reservation(entry, owner_uid, seen.uid, seen.running, ram, vram)
 
     def _settle_waiting(self) -> None:
         """Decide what waits: refuse those whose wait ran out, admit those that fit now."""

@@ -99,6 +99,7 @@ class SeenPod:
     #: Its claim if it is a claim pod running on a node: what tells the operator's own
     #: reservation of it from a tenant's (``headroom.objects.pods.is_own_reservation``).
     running: RunningClaim | None = None
+    gated: bool = False  # held by our scheduling gate
 
 
 class State:
