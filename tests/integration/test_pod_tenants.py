@@ -181,3 +181,25 @@ def test_a_running_pod_labelled_later_is_recorded_at_no_more_than_its_memory_lim
     eventually(lambda: released(custom, late, "late"))
     rsv.create(custom, late, "after", node, 100)  # back under its quota
     assert status_of(custom, late, "after") == ("Admitted", "Fits")
+
+
+def test_a_hand_made_pod_reservation_on_a_node_its_quota_forbids_is_refused(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    tenant: Any,
+) -> None:
+    """The quota keeps the namespace off this node: the running pod's own memory is still
+    recorded there (it runs there), but a reservation its tenant writes naming it is
+    refused NodeNotAllowed, as any claim would be."""
+    node = f"ten-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="8Gi", labels={"pool": node})
+    team = {"team": f"away-{tenant.tag}"}
+    tenant.quota(team, nodeSelector={"matchLabels": {"pool": f"not-{node}"}})
+    hogs = tenant.make(team)
+    run_operator()
+    core.create_namespaced_pod(hogs, claim_pod("p", node, "100Mi", gated=False, node_name=node))
+    assert status_of(custom, hogs, "p") == ("Admitted", "OverCommitted")
+    rsv.create(custom, hogs, "hog", node, 100, liveness="Pod", owner={"pod": "p"})
+    assert status_of(custom, hogs, "hog") == ("Rejected", "NodeNotAllowed")
