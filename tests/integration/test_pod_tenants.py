@@ -29,7 +29,8 @@ PIB_IN_MIB = 1 << 30  # the largest claim a spec or an annotation may say
 @pytest.fixture
 def tenant(core: client.CoreV1Api, custom: client.CustomObjectsApi) -> Iterator[Any]:
     """``make(labels)``: a fresh namespace; ``quota(labels, **spec)``: a quota that selects
-    it. Both are removed after the test (quotas are cluster-scoped)."""
+    it. Both are removed after the test, with the namespace's pods and reservations
+    (quotas are cluster-scoped)."""
     namespaces: list[str] = []
     quotas: list[str] = []
 
@@ -52,6 +53,9 @@ def tenant(core: client.CoreV1Api, custom: client.CustomObjectsApi) -> Iterator[
         hq.delete(custom, name)
     for name in namespaces:
         custom.delete_collection_namespaced_custom_object(rsv.GROUP, rsv.VERSION, name, rsv.PLURAL)
+        # Its pods too: no namespace controller runs here, and a claim pod left behind
+        # would be gated or recorded by an operator a later test starts.
+        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
         core.delete_namespace(name)
 
 
