@@ -96,3 +96,38 @@ def test_a_pod_with_a_claim_counts_only_by_what_it_asked_beyond_it(
         assert headroom(custom, node)["allocatableRAMMB"] == 9216
 
     eventually(all_back)
+
+
+def test_a_launchers_reservation_on_another_node_hides_nothing_of_its_own_request(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """A launcher running on X reserves on Y for its workers (issue 29, item 13): X still
+    carries the launcher's whole request, Y none of it, before and after the release."""
+    here, there = (f"req-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    make_node(here, memory="10Gi")
+    make_node(there, memory="10Gi")
+    run_operator()
+    launcher = bound_pod("launcher", here, "3Gi")
+    launcher["metadata"]["labels"] = {"headroom.dev/owner": "true"}
+    core.create_namespaced_pod(namespace, launcher)
+
+    eventually(lambda: assert_pods(custom, here, 3072))
+    rsv.create(custom, namespace, "workers", there, 2048, owner={"pod": "launcher"})
+    assert rsv.wait_for(custom, namespace, "workers")["status"]["phase"] == "Admitted"
+    # X's limit is still 10240 − 1024 − 3072 = 6144 MiB: the claim on Y hides nothing
+    # there (it hid 2048 MiB, and 7168 MiB was admitted on X).
+    rsv.create(custom, namespace, "on-x", here, 7168)
+    refused = rsv.wait_for(custom, namespace, "on-x")["status"]
+    assert (refused["phase"], refused["reason"]) == ("Rejected", "InsufficientRAM")
+    assert "(total 10240 × 1 − reserve 1024 − pods 3072 − reserved 0)" in refused["message"]
+    rsv.create(custom, namespace, "fits-x", here, 6144)
+    assert rsv.wait_for(custom, namespace, "fits-x")["status"]["phase"] == "Admitted"
+    eventually(lambda: assert_pods(custom, there, 0))
+
+
+def assert_pods(custom: client.CustomObjectsApi, node: str, pods_mb: int) -> None:
+    assert headroom(custom, node)["podRequestsMB"] == pods_mb

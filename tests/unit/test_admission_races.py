@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import asyncio
 
+from headroom.api.claims import pod_claim
 from headroom.api.config import OperatorConfig
+from headroom.api.constants import CLAIM_LABEL, OWNER_LABEL, RAM_ANNOTATION
+from headroom.api.paths import resource_path
 from headroom.control.controller import Controller
+from headroom.objects.pods import pod_reservation
 from headroom_dev.sim.fakeapi import FakeApiServer
 from headroom_dev.sim.loop import VirtualClock, run_virtual
 
@@ -50,6 +54,55 @@ def test_a_late_added_of_an_earlier_incarnation_does_not_undo_the_held_one() -> 
         held = controller.state.held_record("ml/r")
         assert held is not None
         assert held.uid == new["metadata"]["uid"]
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_the_operators_own_reservation_written_from_a_newer_view_of_its_pod_is_recorded() -> None:
+    """A running owner pod is labelled a claim pod (issue 29, item 2); the reservation the
+    operator writes for it arrives before the owner-pod watch shows the label. It is
+    not taken for a tenant's look-alike: the pod is read again, and it is recorded
+    where it runs, over the node's limit, at the pod's memory limit."""
+
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=4096)  # limit 4096 − 1024 = 3072 MiB
+        pods = resource_path("", "v1", "pods", NS)
+        limits = {"limits": {"memory": "4Gi"}}
+        server.create(
+            pods,
+            {
+                "metadata": {"name": "p", "labels": {OWNER_LABEL: "true"}},
+                "spec": {
+                    "nodeName": "n1",
+                    "containers": [{"name": "main", "image": "sim", "resources": limits}],
+                },
+            },
+        )
+        controller = Controller(
+            OperatorConfig(), server.client("operator"), clock=VirtualClock(), follow_watches=False
+        )
+        await controller.start()  # sees p as an owner pod that claims nothing
+        await asyncio.sleep(1)
+        labelled = server.merge_patch(
+            f"{pods}/p",
+            {
+                "metadata": {
+                    "labels": {CLAIM_LABEL: "true"},
+                    "annotations": {RAM_ANNOTATION: str(1 << 30)},
+                }
+            },
+        )
+        body = pod_reservation(labelled, pod_claim(labelled), "n1", node_ram_mb=4096)
+        assert body["spec"]["ramMB"] == 4096  # its limit
+        created = server.create(resource_path("headroom.dev", "v1alpha1", "reservations", NS), body)
+        controller.on_reservation("ADDED", created)  # before the owner watch's MODIFIED
+        await asyncio.sleep(2)
+        [recorded] = server.reservations(NS)
+        status = recorded["status"]
+        assert (status["phase"], status["reason"]) == ("Admitted", "OverCommitted"), status
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=600)

@@ -11,7 +11,7 @@ from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import Entry, Ledger, Owner
 from headroom.ledger.pods import PodRequests
-from headroom.objects.pods import memory_request_mb
+from headroom.objects.podmemory import memory_request_mb
 
 T0 = datetime(2026, 12, 4, tzinfo=UTC)
 PODS = st.sampled_from([("ml", "a"), ("ml", "b"), ("ci", "a")])
@@ -27,27 +27,53 @@ OPERATIONS = st.lists(
 
 
 @given(OPERATIONS)
-def test_each_node_counts_what_its_pods_requested_beyond_their_claims(
+def test_each_node_counts_what_its_pods_requested_beyond_their_claims_on_it(
     operations: list[tuple[str, tuple[str, str], str, int]],
 ) -> None:
-    pods, placed, claims = PodRequests(), {}, {}
+    """Only a claim on the node a pod runs on offsets its request there: one it holds on
+    another node (a launcher reserving for its workers) hides nothing of its own."""
+    pods = PodRequests()
+    placed: dict[tuple[str, str], tuple[str, int]] = {}
+    claims: dict[tuple[tuple[str, str], str], int] = {}
     for verb, key, node, mb in operations:
         if verb == "set":
-            pods.set_pod(key, node, mb)
+            moved = pods.set_pod(key, node, mb)
             placed[key] = (node, mb)
         elif verb == "remove":
-            pods.remove_pod(key)
+            moved = pods.remove_pod(key)
             placed.pop(key, None)
         else:
-            pods.claim(key, mb)
-            claims[key] = claims.get(key, 0) + mb
+            moved = pods.claim(key, node, mb)
+            claims[(key, node)] = claims.get((key, node), 0) + mb
         for name in ("n1", "n2"):
             expected = sum(
-                max(0, request - claims.get(k, 0))
+                max(0, request - claims.get((k, at), 0))
                 for k, (at, request) in placed.items()
                 if at == name
             )
             assert pods.on(name) == expected
+        assert moved <= {"n1", "n2"}
+
+
+def test_a_claim_on_another_node_hides_nothing_of_the_pods_request() -> None:
+    book = Ledger(Limits(system_reserve_mb=0))
+    book.set_node_capacity("n1", 10_000)
+    book.set_node_capacity("n2", 10_000)
+    book.set_pod_request(("ml", "launcher"), "n1", 3000)
+    # It reserves on n2 for its workers: n1 still carries its whole request, and n2 no
+    # request of it at all.
+    workers = Entry("ml/workers", "n2", 2000, T0, T0, owner=Owner(pod="launcher"))
+    assert book.reserve(workers, T0).admitted
+    assert book.node_summary("n1", T0).pod_requests_mb == 3000
+    assert book.node_summary("n2", T0).pod_requests_mb == 0
+    assert book.allocatable_ram("n1") == 7000
+    assert book.allocatable_ram("n2") == 8000
+    # Its own claim on n1 offsets it there, and only that one.
+    own = Entry("ml/own", "n1", 1000, T0, T0, owner=Owner(pod="launcher"))
+    assert book.reserve(own, T0).admitted
+    assert book.node_summary("n1", T0).pod_requests_mb == 2000
+    book.release("ml/workers")
+    assert book.node_summary("n1", T0).pod_requests_mb == 2000
 
 
 def entry(name: str, ram: int, pod: str | None = None) -> Entry:

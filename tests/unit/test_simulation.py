@@ -75,6 +75,7 @@ def test_seeded_schedules_keep_every_promise() -> None:
         "pod-delete-gated",
         "Reclaimed/OwnerPodFinished",
         "Admitted/OverCommitted",
+        "pod-hand-made-reservation",
         "gc-delete",
         # quotas (headroom_dev.sim.quotachecks): decided under them, changed, deleted
         "admitted-under-quota",

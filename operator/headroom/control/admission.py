@@ -32,6 +32,7 @@ from headroom.api.constants import OWNER_LABEL
 from headroom.api.parse import InvalidValueError, parse_time
 from headroom.api.reasons import Phase, Reason
 from headroom.control.lookups import Lookups, PodAnswer
+from headroom.control.ownclaims import OwnClaims
 from headroom.control.state import POD, RESERVATION, Record, State
 from headroom.control.telemetry import NoTelemetry, Telemetry
 from headroom.control.writer import StatusWriter
@@ -116,14 +117,12 @@ class Admission:
         may_act: Callable[[], bool],
         strict: bool = False,
         telemetry: Telemetry | None = None,
-        bound_to: Callable[[str, str], str | None] = lambda namespace, pod: None,
         namespace_ready: Callable[[str], bool] = lambda namespace: True,
     ) -> None:
-        """``bound_to(namespace, pod)``: the node a claiming pod already runs on without
-        our gate (the webhook missed it); its claim is recorded there, fit or not.
-        ``namespace_ready(namespace)``: whether the namespace's quotas are known."""
+        """``namespace_ready(namespace)``: whether the namespace's quotas are known."""
         self._state, self._writer, self._lookups, self._clock = state, writer, lookups, clock
-        self._bound_to, self._namespace_ready = bound_to, namespace_ready
+        self._namespace_ready = namespace_ready
+        self._own = OwnClaims(state, lookups, clock)
         self._may_act, self._strict = may_act, strict
         self._telemetry = telemetry or NoTelemetry()
         self._queue: dict[str, Pending] = {}
@@ -226,9 +225,11 @@ class Admission:
             return False
         if not self._namespace_ready(pending.namespace):  # its labels decide its quotas
             return False
-        return (
-            pod is None or self._lookups.owner_pod(pending.namespace, pod, pending.seen) is not None
-        )
+        if pod is None:
+            return True
+        if self._lookups.owner_pod(pending.namespace, pod, pending.seen) is None:
+            return False
+        return self._own.ready(pending.namespace, pending.name, pending.obj, pod, pending.seen)
 
     def _decide(self, pending: Pending) -> None:
         """Decide one reservation and hand it to the writer. No await in here."""
@@ -273,8 +274,7 @@ class Admission:
                 return
             # Deleted and created again while its DELETED event was lost: the old one is gone.
             state.forget(namesake.uid, self._clock.monotonic())
-        pod = entry.owner.pod
-        if entry.pod_lifetime and pod and self._bound_to(pending.namespace, pod) == entry.node:
+        if self._own.is_own(pending.namespace, pending.obj, entry):
             verdict = state.ledger.record(entry, now)  # it runs there already: say so, fit or not
         else:
             verdict = state.ledger.reserve_or_wait(

@@ -165,7 +165,6 @@ class Controller:
             may_act=may_act,
             strict=config.queueing.strategy == "StrictFIFO",
             telemetry=self.telemetry,
-            bound_to=lambda namespace, pod: self.gates.bound_to(namespace, pod),
             namespace_ready=lambda namespace: self.quotas.namespace_ready(namespace),
         )
         self.reclaimer = Reclaimer(

@@ -56,6 +56,7 @@ class Lookups:
         self._on_node, self._on_pod, self._wake = on_node, on_pod, wake
         self._nodes_checked: dict[str, float] = {}  # node -> when the API said "not usable"
         self._pods_checked: dict[tuple[str, str], tuple[PodAnswer, float]] = {}
+        self._pods_read: dict[tuple[str, str], float] = {}  # -> when the last read was asked
         self._tasks: dict[object, asyncio.Task[None]] = {}
 
     def node_ready(self, node: str, seen: float) -> bool:
@@ -82,6 +83,18 @@ class Lookups:
             return checked[0]
         self._start(key, self._look_up_pod(namespace, pod))
         return None
+
+    def pod_read_since(self, namespace: str, pod: str, seen: float) -> bool:
+        """Whether the pod was read from the API by a request sent after ``seen``, so that
+        the owner pods' view of it is as new as what anyone saw before then; if not, a
+        read starts (its answer wakes the decider)."""
+        key = (namespace, pod)
+        asked = self._pods_read.get(key)
+        if asked is not None and asked >= seen:
+            return True
+        if key not in self._tasks:
+            self._start(key, self._look_up_pod(namespace, pod))
+        return False
 
     def _start(self, key: object, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)
@@ -111,6 +124,7 @@ class Lookups:
         else:
             answer = PodAnswer.UNLABELLED
         _remember(self._pods_checked, (namespace, pod), (answer, self._clock.monotonic()))
+        _remember(self._pods_read, (namespace, pod), asked)
 
     async def _get(self, path: str) -> JSON | None:
         """The object, or None if the API says it does not exist; retried until it answers."""

@@ -34,6 +34,7 @@ from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
+from headroom.objects.pods import is_gated, running_claim
 from headroom.objects.reservations import heartbeat_value, is_owner_pod
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class Owners:
         else:
             self._bad.pop(key, None)
         when = self._clock.monotonic() if listed_at is None else listed_at
-        state.pods[key] = SeenPod(uid, value, when)
+        state.pods[key] = SeenPod(uid, value, when, running_claim(obj), is_gated(obj))
         for record in state.owners_of(key):
             self._observe(record, POD, value)
 

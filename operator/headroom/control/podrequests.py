@@ -19,7 +19,8 @@ from headroom.api.paths import PODS
 from headroom.control.state import PodKey, State, pod_key
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, Transport
-from headroom.objects.pods import bound_node, is_finished, memory_request_mb
+from headroom.objects.podmemory import memory_request_mb
+from headroom.objects.pods import bound_node, is_finished
 
 log = logging.getLogger(__name__)
 _PAGE = 500

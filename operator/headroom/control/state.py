@@ -28,7 +28,7 @@ from headroom.api.limits import Limits
 from headroom.api.reasons import Phase
 from headroom.ledger import Ledger
 from headroom.logs import about
-from headroom.objects.pods import NodeFacts
+from headroom.objects.pods import NodeFacts, RunningClaim
 from headroom.objects.stamp import Stamper
 from headroom.objects.status import Decision
 
@@ -96,6 +96,10 @@ class SeenPod:
     uid: str
     beat: str | None
     seen_at: float  # monotonic
+    #: Its claim if it is a claim pod running on a node: what tells the operator's own
+    #: reservation of it from a tenant's (``headroom.objects.pods.is_own_reservation``).
+    running: RunningClaim | None = None
+    gated: bool = False  # held by our scheduling gate
 
 
 class State:

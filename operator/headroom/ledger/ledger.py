@@ -93,7 +93,8 @@ class Ledger:
     def _claimed(self, entry: Entry, sign: int) -> None:
         if entry.owner.pod:
             namespace = entry.id.split("/", 1)[0]
-            self._apply(self.pods.claim((namespace, entry.owner.pod), sign * entry.ram_mb))
+            key = (namespace, entry.owner.pod)
+            self._apply(self.pods.claim(key, entry.node, sign * entry.ram_mb))
 
     def set_node_capacity(
         self,
@@ -165,6 +166,11 @@ class Ledger:
         """Whether the node's capacity is known, so that admission can be decided on it."""
         state = self._nodes.get(node)
         return state is not None and state.known
+
+    def capacity(self, node: str) -> tuple[int | None, int | None]:
+        """The node's total RAM and VRAM in MiB (None: unknown)."""
+        state = self._nodes.get(node)
+        return (state.total_ram_mb, state.vram_mb) if state is not None else (None, None)
 
     def limits_for(self, node: str) -> Limits:
         state = self._nodes.get(node)

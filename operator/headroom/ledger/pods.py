@@ -7,6 +7,10 @@ of what they requested *beyond* what they hold in the ledger —
 ``max(0, request − held claims)`` — so that a pod holding a reservation counts only
 by the excess of its request over its claim, and a pod without one counts whole.
 
+Only claims on the node the pod runs on offset its request there: a launcher that
+reserves on node Y for workers while itself running on X holds nothing on X, and
+its request on X must still count (the scheduler booked it there, not on Y).
+
 Pure and O(1) per change: a pod's request, a claim of it admitted or released.
 Each change returns the nodes whose figure moved, for the ledger to apply.
 """
@@ -19,7 +23,7 @@ PodKey = tuple[str, str]  # (namespace, name)
 class PodRequests:
     def __init__(self) -> None:
         self._pods: dict[PodKey, tuple[str, int]] = {}  # bound pod -> (node, request MiB)
-        self._claims: dict[PodKey, int] = {}  # pod -> MiB it holds in the ledger
+        self._claims: dict[tuple[PodKey, str], int] = {}  # (pod, node) -> MiB held there
         self._by_node: dict[str, int] = {}  # node -> sum of the excesses
 
     def on(self, node: str) -> int:
@@ -47,22 +51,24 @@ class PodRequests:
         del self._pods[key]
         return {placed[0]}
 
-    def claim(self, key: PodKey, delta_mb: int) -> set[str]:
-        """The pod holds ``delta_mb`` more (or, negative, less) in the ledger."""
+    def claim(self, key: PodKey, node: str, delta_mb: int) -> set[str]:
+        """The pod holds ``delta_mb`` more (or, negative, less) on ``node`` in the ledger."""
         placed = self._pods.get(key)
-        before = self._excess(key) if placed is not None else 0
-        held = self._claims.get(key, 0) + delta_mb
+        here = placed is not None and placed[0] == node
+        before = self._excess(key) if here else 0
+        held = self._claims.get((key, node), 0) + delta_mb
         if held:
-            self._claims[key] = held
+            self._claims[(key, node)] = held
         else:
-            self._claims.pop(key, None)
-        if placed is None:
+            self._claims.pop((key, node), None)
+        if not here:  # not bound, or bound elsewhere: nothing it requested moves
             return set()
-        self._shift(placed[0], self._excess(key) - before)
-        return {placed[0]}
+        self._shift(node, self._excess(key) - before)
+        return {node}
 
     def _excess(self, key: PodKey) -> int:
-        return max(0, self._pods[key][1] - self._claims.get(key, 0))
+        node, request = self._pods[key]
+        return max(0, request - self._claims.get((key, node), 0))
 
     def _shift(self, node: str, delta: int) -> None:
         total = self._by_node.get(node, 0) + delta

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from headroom.api.claims import PodClaim
+from headroom.api.claims import PodClaim, is_claim_pod, pod_claim
 from headroom.api.constants import (
     API_VERSION,
     DEVICES_ANNOTATION,
@@ -33,7 +33,9 @@ from headroom.api.constants import (
     RESERVATION_ANNOTATION,
     SCHEDULING_GATE,
 )
-from headroom.api.parse import InvalidValueError, memory_mib
+from headroom.api.parse import InvalidValueError
+from headroom.ledger import Entry
+from headroom.objects.podmemory import capped_claim, memory_limit_mb
 
 JSON = dict[str, Any]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -164,9 +166,23 @@ def bound_node(pod: JSON) -> str | None:
 # -- the reservation of a pod -----------------------------------------------------------------
 
 
-def pod_reservation(pod: JSON, claim: PodClaim, node: str) -> JSON:
+def pod_reservation(
+    pod: JSON,
+    claim: PodClaim,
+    node: str,
+    *,
+    node_ram_mb: int | None = None,
+    node_vram_mb: int | None = None,
+) -> JSON:
     """The Reservation that holds a pod's memory: same namespace and name as the pod,
-    owned by it (the garbage collector deletes it with the pod), alive as long as it."""
+    owned by it (the garbage collector deletes it with the pod), alive as long as it.
+
+    For a pod that runs on ``node`` already, the claim is capped at what the pod can
+    use (``headroom.objects.podmemory.capped_claim``, with the node's total RAM and VRAM
+    as the ledger knows them): it is recorded there past any limit, so it must not say
+    more than the pod can hold."""
+    if bound_node(pod) == node:
+        claim = capped_claim(claim, memory_limit_mb(pod), node_ram_mb, node_vram_mb)
     meta = pod.get("metadata") or {}
     name = str(meta.get("name"))
     wait = claim.wait if claim.wait is not None else MAX_WAIT
@@ -332,31 +348,57 @@ def condition_patch(pod: JSON, status: str, reason: str, message: str, at: str) 
     return [same_pod, _add("/status/conditions/-", condition)]
 
 
-# -- what a bound pod requested -------------------------------------------------------------
+# -- the operator's own reservation of a running pod --------------------------------------------
 
 
-def memory_request_mb(pod: JSON) -> int:
-    """The pod's effective memory request, as kube-scheduler books it, in MiB rounded up:
-    the larger of its containers' sum and its largest init container, plus overhead.
-    (Restartable init containers, i.e. sidecars, add to the sum.)"""
-    spec = pod.get("spec") or {}
+@dataclass(frozen=True, slots=True)
+class RunningClaim:
+    """A claim pod bound to a node, as the admission of its reservation compares it."""
 
-    def request(container: Any) -> int:
-        if not isinstance(container, dict):
-            return 0
-        value = ((container.get("resources") or {}).get("requests") or {}).get("memory")
-        try:
-            return memory_mib(value, round_up=True) if value is not None else 0
-        except InvalidValueError:  # the API server validated it; nothing better to do
-            return 0
+    node: str
+    claim: PodClaim
+    memory_limit_mb: int | None  # None: a container sets no memory limit
 
-    containers = sum(request(c) for c in spec.get("containers") or [])
-    inits = [c for c in spec.get("initContainers") or [] if isinstance(c, dict)]
-    sidecars = sum(request(c) for c in inits if c.get("restartPolicy") == "Always")
-    largest_init = max((request(c) for c in inits if c.get("restartPolicy") != "Always"), default=0)
-    overhead = (spec.get("overhead") or {}).get("memory")
+
+def running_claim(pod: JSON) -> RunningClaim | None:
+    """The claim of a pod that runs on a node, or None: not opted in, not bound, ended, or
+    its claim unreadable (then nothing of it is recorded past a limit)."""
+    node = bound_node(pod)
+    if node is None or is_finished(pod) or not is_claim_pod(pod):
+        return None
     try:
-        extra = memory_mib(overhead, round_up=True) if overhead is not None else 0
+        claim = pod_claim(pod)
     except InvalidValueError:
-        extra = 0
-    return max(containers + sidecars, largest_init) + extra
+        return None
+    return RunningClaim(node, claim, memory_limit_mb(pod))
+
+
+def is_own_reservation(
+    entry: Entry,
+    owner_uid: str | None,
+    pod_uid: str,
+    running: RunningClaim,
+    node_ram_mb: int | None,
+    node_vram_mb: int | None,
+) -> bool:
+    """Whether ``entry`` is exactly the reservation the operator writes for this running
+    pod (:func:`pod_reservation`): named as the pod and owned by it, by its current
+    incarnation (``owner_uid``, the Reservation's Pod ownerReference, is ``pod_uid``),
+    alive as long as it, on the node it runs on, with its claim capped as there.
+
+    Only such a reservation is recorded past a node's limit and its quota: a tenant
+    can write any name, labels, ownerReferences and spec, but names are unique, so at
+    most one reservation per pod passes, and only at the size the pod can use. What
+    else names the pod is decided like any other claim."""
+    name = entry.id.rsplit("/", 1)[-1]
+    expected = capped_claim(running.claim, running.memory_limit_mb, node_ram_mb, node_vram_mb)
+    gpus = 1 if expected.gpus is None else expected.gpus
+    return (
+        entry.pod_lifetime
+        and entry.owner.pod == name
+        and owner_uid is not None
+        and owner_uid == pod_uid
+        and entry.node == running.node
+        and entry.expires_at is None
+        and (entry.ram_mb, entry.vram_mb, entry.gpus) == (expected.ram_mb, expected.vram_mb, gpus)
+    )

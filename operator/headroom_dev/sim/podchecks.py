@@ -15,7 +15,9 @@ it ends. So, at every change the fake API server applies:
   should have retried;
 - **over-commitment only where it runs**: a reservation admitted ``OverCommitted``
   (exempt from the node limit in :class:`~headroom_dev.sim.checks.Checker`, since the
-  scheduler already placed the pod) belongs to a pod that was bound to that node.
+  scheduler already placed the pod) belongs to a pod that was bound to that node;
+- **only the operator's own is recorded**: such a reservation is named as its owner
+  pod and owned by it, never one a tenant wrote by hand (issue 29).
 
 After quiescence (:meth:`PodChecker.final`):
 
@@ -94,6 +96,10 @@ class PodChecker:
                 del self._reservations[key]
         else:
             self._reservations[key] = obj
+            over = (obj.get("status") or {}).get("reason") == "OverCommitted"
+            named = ((obj.get("spec") or {}).get("owner") or {}).get("pod") == key[1]
+            if over and (pod_uid is None or not named):
+                self.fail(f"{key}: recorded OverCommitted, but it is not its pod's own")
         if pod_uid is None:
             return
         live = self._admitted.setdefault(pod_uid, set())

@@ -16,7 +16,10 @@ real control code, a schedule needs what surrounds those pods, played here:
 - the kubelet: a bound pod runs and, after its lifetime, Succeeds or Fails;
 - the garbage collector (in some schedules only: nothing may depend on it): a
   reservation whose owner pod is gone is deleted a while later;
-- the adversary deletes pods, gated or running, at once (``--force``).
+- the adversary deletes pods, gated or running, at once (``--force``);
+- a tenant writes Pod-liveness reservations by hand that name one of its running
+  claim pods, on the pod's node, as large as it likes (issue 29): they must be
+  decided like any claim, never recorded past a limit as the pod's own is.
 
 Nodes get labels and, some, a taint. The placement rules are in
 :mod:`headroom_dev.sim.podfacts`, written again rather than the operator's. Only
@@ -90,10 +93,11 @@ class PodWorld:
         self._alive: set[str] = set()
         self._dead: set[str] = set()
         self._collecting = False
+        self._hand_named: set[str] = set()  # pods a hand-made reservation names
         self.server.subscribe(self.on_change)
 
     def actions(self) -> list[tuple[float, Callable[[], None]]]:
-        return [(6, self.create_pod), (1.5, self.delete_pod)]
+        return [(6, self.create_pod), (1.5, self.delete_pod), (1, self.hand_made_reservation)]
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -119,7 +123,10 @@ class PodWorld:
 
     def create_pod(self) -> None:
         rng = self.rng
-        reused = [n for n in self.names if self._pod(n) is None]
+        # A name a hand-made reservation names is not used again: that reservation's owner
+        # is the incarnation it was decided for, so a new pod of that name would see it
+        # released OwnerPodDeleted, rightly, where the checker reads owners by name.
+        reused = [n for n in self.names if self._pod(n) is None and n not in self._hand_named]
         name = rng.choice(reused) if reused and rng.random() < 0.2 else f"pod{len(self.names)}"
         self.names.append(name)
         ram = rng.choice([256, 512, 1024, 2048])
@@ -153,6 +160,37 @@ class PodWorld:
         self.stage.log(f"pod {name} {uid[-4:]} created {'ungated' if missed else 'gated'}")
         if FOREIGN_GATE in gates(pod):
             self.stage.spawn(self._lift_foreign_gate(name, uid, rng.uniform(1, 40)))
+
+    def hand_made_reservation(self) -> None:
+        """A Pod-liveness reservation a tenant writes naming a running claim pod of its own
+        (not named as the pod, so the operator's own for it can still be made)."""
+        running = [
+            pod
+            for pod in self.server.pods(self.namespace)
+            if claims(pod) and pod["spec"].get("nodeName") and not finished(pod)
+        ]
+        if not running:
+            return
+        pod = self.rng.choice(running)
+        name = pod["metadata"]["name"]
+        body = {
+            "apiVersion": "headroom.dev/v1alpha1",
+            "kind": "Reservation",
+            "metadata": {"name": f"hand-{name}-{self.rng.randrange(1000)}"},
+            "spec": {
+                "node": pod["spec"]["nodeName"],
+                "ramMB": self.rng.choice([request_mb(pod) or 256, 4096, 1 << 20]),
+                "liveness": "Pod",
+                "owner": {"pod": name},
+            },
+        }
+        path = resource_path("headroom.dev", "v1alpha1", "reservations", self.namespace)
+        try:
+            self.server.create(path, body)
+        except ApiError:
+            return
+        self._hand_named.add(name)
+        self.stage.count("pod-hand-made-reservation")
 
     def _placement(self) -> JSON:
         rng = self.rng
