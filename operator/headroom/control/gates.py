@@ -330,15 +330,10 @@ class Gates:
             return
         async with self._creating:
             now = self._clock.now()
-            node = choose_node(self._state, self._planned.values(), seen.obj, claim, now)
-            if node is None:
-                self._say(
-                    seen,
-                    "NoNode",
-                    "no known node matches the pod's node selector, affinity "
-                    "and tolerations; it stays gated",
-                    "Warning",
-                )
+            placement = choose_node(self._state, self._planned.values(), seen.obj, claim, now)
+            node = placement.node
+            if node is None:  # nothing is made until a node, a quota or the pod changes
+                self._say(seen, placement.reason, placement.why, "Warning")
                 return
             self._planned[key] = (node, claim.ram_mb, claim.vram_mb)
             try:
@@ -362,7 +357,8 @@ class Gates:
                     ],
                 )
             )
-        body = pod_reservation(seen.obj, claim, node)
+        max_wait = self._state.ledger.quotas.max_wait(key[0])
+        body = pod_reservation(seen.obj, claim, node, max_wait=max_wait)
         path = resource_path("headroom.dev", "v1alpha1", "reservations", key[0])
         try:
             created = await self._call(lambda: self._transport.create(path, body))

@@ -164,20 +164,37 @@ def bound_node(pod: JSON) -> str | None:
 # -- the reservation of a pod -----------------------------------------------------------------
 
 
-def pod_reservation(pod: JSON, claim: PodClaim, node: str) -> JSON:
+def pod_wait(claim: PodClaim, max_wait: timedelta | None) -> timedelta | None:
+    """How long a pod's reservation may wait for room: what the pod asks
+    (``headroom.dev/wait``), else as long as its quotas allow (``max_wait``, their
+    smallest ``maxWait``; whole seconds, as ``spec.wait`` says it), else 24h. A default
+    over a quota's maxWait would be refused WaitTooLong, and the pod never placed.
+    None: it may not wait at all (a maxWait under a second)."""
+    if claim.wait is not None:
+        return claim.wait
+    bound = MAX_WAIT if max_wait is None else min(MAX_WAIT, max_wait)
+    seconds = int(bound.total_seconds())
+    return timedelta(seconds=seconds) if seconds >= 1 else None
+
+
+def pod_reservation(
+    pod: JSON, claim: PodClaim, node: str, *, max_wait: timedelta | None = None
+) -> JSON:
     """The Reservation that holds a pod's memory: same namespace and name as the pod,
-    owned by it (the garbage collector deletes it with the pod), alive as long as it."""
+    owned by it (the garbage collector deletes it with the pod), alive as long as it.
+    ``max_wait``: the longest wait its namespace's quotas allow (:func:`pod_wait`)."""
     meta = pod.get("metadata") or {}
     name = str(meta.get("name"))
-    wait = claim.wait if claim.wait is not None else MAX_WAIT
     spec: JSON = {
         "node": node,
         "ramMB": claim.ram_mb,
         "owner": {"pod": name, "surface": "pod"},
         "liveness": "Pod",
-        "wait": _go_duration(wait),
         "description": f"memory of pod {name}",
     }
+    wait = pod_wait(claim, max_wait)
+    if wait is not None:
+        spec["wait"] = _go_duration(wait)
     if claim.vram_mb:
         spec["vramMB"] = claim.vram_mb
     if claim.gpus is not None:
