@@ -1,9 +1,10 @@
-"""Gated pods under a HeadroomQuota (issue 29, items 4, 5), on the real control plane.
+"""Gated pods under a HeadroomQuota (issue 29, items 4, 5, 8), on the real control plane.
 
 No quota setting may strand a pod: its default wait fits the quota's maxWait, its
-reservation goes only to a node the quota allows, and a pod that can go nowhere says
-why once and makes nothing until something changes. Each quota here selects only the
-test's own namespace, by name, and is deleted after the test.
+reservation goes only to a node the quota allows, a pod that can go nowhere says why
+once and makes nothing until something changes, and a quota's lifetime ends the pod
+(``activeDeadlineSeconds``) instead of being renewed for ever. Each quota here selects
+only the test's own namespace, by name, and is deleted after the test.
 """
 
 from __future__ import annotations
@@ -141,6 +142,18 @@ def pod_events(core: client.CoreV1Api, namespace: str, pod: str) -> list[tuple[s
         namespace, field_selector=f"involvedObject.name={pod},involvedObject.kind=Pod"
     )
     return [(e.reason, e.message or "") for e in events.items]
+
+
+def bind(core: client.CoreV1Api, namespace: str, pod: str, node: str) -> None:
+    """What kube-scheduler does (no scheduler runs on this plane)."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": pod},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    # The generated client cannot read the answer back into a V1Binding: not parsed.
+    core.create_namespaced_pod_binding(pod, namespace, body, _preload_content=False)
 
 
 def held_still(check: Callable[[], Any], seconds: float) -> None:
@@ -288,3 +301,52 @@ def test_a_pod_no_allowed_node_fits_says_why_once_then_goes_when_one_appears(
     assert pinned_to(wait_ungated(core, namespace, "stuck")) == [both]
     assert len(seen.of("stuck")) == 1
     assert seen.deleted == []
+
+
+def test_a_quota_lifetime_ends_the_pod_and_is_never_renewed(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    quota: Callable[..., str],
+    reservations: Callable[[], Reservations],
+) -> None:
+    pool, nodes = pool_nodes(make_node, core, only="16Gi")
+    quota(defaultLifetime="15s")
+    run_operator({**FAST, "reclaimedRetention": "1s"})
+    seen = reservations()
+    core.create_namespaced_pod(namespace, claim_pod("bounded", pool, "1Gi"))
+
+    pod = wait_ungated(core, namespace, "bounded")
+    # The kubelet ends it (Failed, DeadlineExceeded) by the time its reservation expires.
+    assert pod.spec.active_deadline_seconds is not None
+    assert 1 <= pod.spec.active_deadline_seconds <= 15
+    reservation = rsv.get(custom, namespace, "bounded")
+    assert reservation["status"]["expiresAt"]
+    bind(core, namespace, "bounded", nodes["only"])  # it runs there (no kubelet here)
+
+    # No kubelet runs here to end it: its reservation runs out first, as it would in the
+    # slack between the expiry and the pod's deadline. It is reclaimed, then deleted.
+    reclaimed = rsv.wait_for(custom, namespace, "bounded", phases=("Reclaimed",), timeout=30)
+    assert reclaimed["status"]["reason"] == "Expired"
+
+    def said_why() -> None:
+        status, reason, message = condition(core, namespace, "bounded")
+        assert (status, reason) == ("False", "Expired"), message
+        assert "gets no other reservation" in message
+
+    eventually(said_why)
+
+    def deleted() -> None:
+        assert seen.deleted == [("bounded", reclaimed["metadata"]["uid"])], seen.deleted
+
+    eventually(deleted)
+
+    def never_another() -> None:
+        said_why()
+        assert seen.of("bounded") == [reclaimed["metadata"]["uid"]], seen.added
+        assert core.read_namespaced_pod("bounded", namespace).spec.node_name == nodes["only"]
+        assert [r for r, _ in pod_events(core, namespace, "bounded")].count("Expired") == 1
+
+    held_still(never_another, 8)

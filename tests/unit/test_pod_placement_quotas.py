@@ -1,10 +1,14 @@
-"""Gated pods under quotas (issue 29, items 4, 5), pure: the default wait, and the nodes a
-placement may choose."""
+"""Gated pods under quotas (issue 29, items 4, 5, 8), pure: the default wait, the nodes a
+placement may choose, and the deadline the ungate patch gives a pod with a lifetime."""
 
 from __future__ import annotations
 
+from copy import deepcopy
 from datetime import timedelta
 from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from headroom.api.claims import PodClaim
 from headroom.api.constants import MAX_WAIT
@@ -16,9 +20,13 @@ from headroom.control.state import State
 from headroom.ledger.quotas import QuotaRules
 from headroom.objects.pods import (
     NodeFacts,
+    active_deadline,
+    condition_reason,
     pod_reservation,
     pod_wait,
+    ungate_patch,
 )
+from headroom_dev.sim.fakeapi.jsonvalue import apply_json_patch
 from tests.unit.test_core_admission import T0, entry
 from tests.unit.test_ledger_quotas import ledger, team
 
@@ -135,3 +143,43 @@ def test_a_wait_over_the_max_wait_is_said_whatever_the_nodes() -> None:
     )
     # Without a wait of its own, the pod's wait is the quota's: placed.
     assert choose_node(state(nodes, quota), [], gated(), PodClaim(1024), T0) == Placement("gpu")
+
+
+# -- item 8: a lifetime ends the pod --------------------------------------------------------------
+
+
+@given(
+    left=st.integers(min_value=-5_000, max_value=10**7).map(lambda ms: timedelta(milliseconds=ms)),
+    own=st.none() | st.integers(min_value=1, max_value=10**5),
+)
+def test_the_ungate_patch_ends_the_pod_by_its_reservations_expiry(
+    left: timedelta, own: int | None
+) -> None:
+    spec = {} if own is None else {"activeDeadlineSeconds": own}
+    before = gated(**spec)
+    operations = ungate_patch(before, "n1", "p", time_left=left)
+    assert operations is not None
+    after = apply_json_patch(deepcopy(before), operations)
+    deadline = after["spec"]["activeDeadlineSeconds"]
+    bound = max(int(left.total_seconds()), 1)
+    assert 1 <= deadline <= bound or deadline == own  # by the expiry, or sooner of its own
+    assert own is None or deadline <= own  # never raised (the API server refuses it)
+    assert active_deadline(before, left) == (None if own is not None and own <= bound else bound)
+
+
+def test_without_an_expiry_the_pod_keeps_its_spec() -> None:
+    operations = ungate_patch(gated(), "n1", "p")
+    assert operations is not None
+    assert "activeDeadlineSeconds" not in apply_json_patch(gated(), operations)["spec"]
+
+
+def test_the_pods_condition_reason_is_read_back() -> None:
+    pod = gated()
+    assert condition_reason(pod) is None
+    pod["status"] = {
+        "conditions": [
+            {"type": "PodScheduled", "reason": "SchedulingGated"},
+            {"type": "headroom.dev/Admitted", "status": "False", "reason": "Expired"},
+        ]
+    }
+    assert condition_reason(pod) == "Expired"

@@ -238,11 +238,17 @@ def owning_pod_uid(reservation: JSON) -> str | None:
 
 
 def ungate_patch(
-    pod: JSON, node: str, reservation: str, devices: Mapping[str, int] | None = None
+    pod: JSON,
+    node: str,
+    reservation: str,
+    devices: Mapping[str, int] | None = None,
+    *,
+    time_left: timedelta | None = None,
 ) -> list[JSON] | None:
     """One JSON patch: pin to ``node``, name the reservation (and the GPU devices it
-    was admitted on, for the pod's program to use), remove our gate.
-    None when our gate is not there (nothing to do)."""
+    was admitted on, for the pod's program to use), remove our gate; and, when the
+    reservation expires (``time_left``, a lifetime its quota gave), make the pod end
+    by then (:func:`active_deadline`). None when our gate is not there (nothing to do)."""
     index = _gate_index(pod)
     if index is None:
         return None
@@ -254,6 +260,9 @@ def ungate_patch(
         {"op": "remove", "path": gate_path},
         *_pin(spec, node),
     ]
+    deadline = active_deadline(pod, time_left)
+    if deadline is not None:
+        ops.append(_add("/spec/activeDeadlineSeconds", deadline))
     told = {RESERVATION_ANNOTATION: reservation}
     if devices:
         told[DEVICES_ANNOTATION] = ",".join(sorted(devices))
@@ -263,6 +272,22 @@ def ungate_patch(
     else:
         ops.append(_add("/metadata/annotations", told))
     return ops
+
+
+def active_deadline(pod: JSON, time_left: timedelta | None) -> int | None:
+    """The ``spec.activeDeadlineSeconds`` a pod must be given so that the kubelet ends it
+    (Failed, DeadlineExceeded) when its reservation expires: the whole seconds left, at
+    least 1 (the API server's minimum). The kubelet counts from the pod's start, which
+    comes after the ungate, so the pod may outlive the reservation by that slack, never
+    more. None: nothing to set (no expiry, or the pod already has a deadline as near;
+    the API server refuses a raised one, and one the pod set itself is its own)."""
+    if time_left is None:
+        return None
+    seconds = max(int(time_left.total_seconds()), 1)
+    have = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if isinstance(have, int) and not isinstance(have, bool) and 0 < have <= seconds:
+        return None
+    return seconds
 
 
 def _pointer(key: str) -> str:
@@ -320,6 +345,15 @@ def pinned_node(pod: JSON) -> str | None:
 
 
 # -- the pod's condition ----------------------------------------------------------------------
+
+
+def condition_reason(pod: JSON) -> str | None:
+    """The reason of the pod's condition ``headroom.dev/Admitted``, if it has one."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(condition, dict) and condition.get("type") == CONDITION:
+            reason = condition.get("reason")
+            return str(reason) if reason is not None else None
+    return None
 
 
 def condition_patch(pod: JSON, status: str, reason: str, message: str, at: str) -> list[JSON]:
