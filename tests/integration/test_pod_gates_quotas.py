@@ -314,7 +314,8 @@ def test_a_quota_lifetime_ends_the_pod_and_is_never_renewed(
 ) -> None:
     pool, nodes = pool_nodes(make_node, core, only="16Gi")
     quota(defaultLifetime="15s")
-    run_operator({**FAST, "reclaimedRetention": "1s"})
+    config = {**FAST, "reclaimedRetention": "1s"}
+    operator = run_operator(config)
     seen = reservations()
     core.create_namespaced_pod(namespace, claim_pod("bounded", pool, "1Gi"))
 
@@ -349,4 +350,8 @@ def test_a_quota_lifetime_ends_the_pod_and_is_never_renewed(
         assert core.read_namespaced_pod("bounded", namespace).spec.node_name == nodes["only"]
         assert [r for r, _ in pod_events(core, namespace, "bounded")].count("Expired") == 1
 
+    held_still(never_another, 8)
+    # A new operator knows it from the pod's condition alone: still no other.
+    operator.kill()
+    run_operator(config)
     held_still(never_another, 8)
