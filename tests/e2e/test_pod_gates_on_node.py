@@ -257,3 +257,71 @@ def test_helm_upgrade_keeps_every_gate_and_every_reservation(
     ]
     assert restarts, operator
     assert not any(restarts), restarts
+
+
+def test_a_quota_lifetime_ends_the_pod_through_the_kubelet(
+    cluster: NodeCluster, claim_mb: int
+) -> None:
+    """Issue 29, item 8: a quota's defaultLifetime reaches a gated pod as the
+    activeDeadlineSeconds of its ungate patch, and the kubelet ends it (Failed,
+    DeadlineExceeded); its one reservation is reclaimed then (OwnerPodFinished), or a
+    moment before, in the slack between the expiry and the deadline (Expired), and
+    is never made again."""
+    namespace, quota = "lifetime", "lifetime-20s"
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.apply(
+        [
+            {
+                "apiVersion": "headroom.dev/v1alpha1",
+                "kind": "HeadroomQuota",
+                "metadata": {"name": quota},
+                "spec": {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": namespace}
+                    },
+                    "defaultLifetime": "20s",
+                },
+            }
+        ]
+    )
+    try:
+        pod = job("bounded", min(claim_mb, 256), parallelism=1, seconds=600)["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod", **pod}
+        pod["metadata"] |= {"name": "bounded", "namespace": namespace}
+        cluster.apply([pod])
+
+        def running() -> dict[str, Any]:
+            seen: dict[str, Any] = cluster.get("pod", "bounded", "-n", namespace)
+            assert seen["status"].get("phase") == "Running", seen["status"]
+            return seen
+
+        seen = eventually(running, timeout=60)
+        deadline = seen["spec"].get("activeDeadlineSeconds")
+        assert deadline is not None, seen["spec"]
+        assert 1 <= deadline <= 20
+
+        def ended() -> dict[str, Any]:
+            status: dict[str, Any] = cluster.get("pod", "bounded", "-n", namespace)["status"]
+            assert (status.get("phase"), status.get("reason")) == (
+                "Failed",
+                "DeadlineExceeded",
+            ), status
+            return status
+
+        eventually(ended, timeout=60)
+
+        def reclaimed_once() -> tuple[str, str]:
+            items = cluster.get(RSV, "-n", namespace)["items"]
+            assert [i["metadata"]["name"] for i in items] == ["bounded"], items
+            status = items[0]["status"]
+            assert status["phase"] == "Reclaimed", status
+            return status["phase"], status["reason"]
+
+        outcome = eventually(reclaimed_once, timeout=15)
+        assert outcome[1] in ("OwnerPodFinished", "Expired"), outcome
+        print(f"lifetime 20s: pod Failed DeadlineExceeded; its reservation {outcome}")
+        time.sleep(3)  # the operator had its chance to make another: it made none
+        assert reclaimed_once() == outcome
+    finally:
+        cluster.kubectl("delete", "headroomquota", quota, "--wait=false")
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")

@@ -12,6 +12,7 @@ binds it, as kube-scheduler would.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -214,6 +215,34 @@ def test_the_operators_ungate_and_condition_patches(backend: Backend) -> None:
         assert ungated["metadata"]["annotations"]["headroom.dev/reservation"] == "p"
         # the same patch again: our gate is gone, so its test fails (nothing applied twice)
         assert await refusal(api.json_patch(path, operations)) == JSON_PATCH_REJECTED
+
+    backend.run(scenario)
+
+
+def test_the_ungate_patch_sets_or_lowers_a_deadline_never_raises_it(backend: Backend) -> None:
+    """A quota's lifetime ends a pod through spec.activeDeadlineSeconds, set in the one
+    ungate patch: the API server lets it be set on a pod, or lowered, never raised or
+    removed; and not to 0."""
+
+    async def scenario(api: Transport, ns: str) -> None:
+        left = timedelta(seconds=30, milliseconds=900)
+        for name, own, kept in (("p", None, 30), ("near", 10, 10), ("far", 100, 30)):
+            spec = {} if own is None else {"activeDeadlineSeconds": own}
+            pod = await api.create(pods_path(ns), gated_pod(name, GATE, **spec))
+            operations = ungate_patch(pod, "n1", name, time_left=left)
+            assert operations is not None
+            ungated = await api.json_patch(pods_path(ns, name), operations)
+            assert gate_names(ungated) == []
+            assert ungated["spec"]["activeDeadlineSeconds"] == kept
+
+        path = pods_path(ns, "p")
+        for value in (31, 0):
+            patch = {"spec": {"activeDeadlineSeconds": value}}
+            assert await refusal(api.merge_patch(path, patch)) == (422, "Invalid")
+        removed = [{"op": "remove", "path": "/spec/activeDeadlineSeconds"}]
+        assert await refusal(api.json_patch(path, removed)) == (422, "Invalid")
+        lower = await api.merge_patch(path, {"spec": {"activeDeadlineSeconds": 20}})
+        assert lower["spec"]["activeDeadlineSeconds"] == 20
 
     backend.run(scenario)
 

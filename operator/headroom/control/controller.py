@@ -136,6 +136,7 @@ class Controller:
             self.events,
             self.clock,
             wake=lambda: self.admission.wake(),
+            changed=lambda: self.gates.nodes_changed(),
             rng=self.rng,
         )
         self.quota_statuses = QuotaStatuses(

@@ -62,6 +62,7 @@ from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transpo
 from headroom.objects.pods import (
     bound_node,
     condition_patch,
+    condition_reason,
     is_finished,
     is_gated,
     owning_pod_uid,
@@ -80,6 +81,17 @@ def _created(pod: JSON) -> str:
 
 def _over(record: Record) -> bool:
     return record.decision.reason == Reason.OVER_COMMITTED
+
+
+def _expired(record: Record) -> bool:
+    return record.decision.phase == Phase.RECLAIMED and record.decision.reason == Reason.EXPIRED
+
+
+def _ran_out(seen: ClaimPod) -> bool:
+    """Whether the pod ran and its reservation was reclaimed Expired (seen now, or said in
+    its condition before a restart): it never gets another, or a quota's lifetime would
+    be renewed for as long as the pod runs."""
+    return seen.expired or condition_reason(seen.obj) == Reason.EXPIRED
 
 
 class _DeposedError(Exception):
@@ -102,6 +114,7 @@ class ClaimPod:
     # lags a newer list may show the pod as it was (unbound, running) a moment later.
     node: str | None = None  # the node it was bound to
     ended: bool = False  # Succeeded or Failed
+    expired: bool = False  # ran, and its reservation was reclaimed Expired: no other one
 
 
 class Gates:
@@ -282,7 +295,9 @@ class Gates:
                 self._run(key, self._ungate(key, seen, record))
             elif record is not None and record.confirmed:
                 self._refused(key, seen, claim, record)
-        elif known is None and (node := bound_node(pod)) is not None:
+        elif record is not None and record.confirmed and _expired(record):
+            self._say_ran_out(seen, record)
+        elif known is None and not _ran_out(seen) and (node := bound_node(pod)) is not None:
             self._run(key, self._create(key, seen, claim, node=node))  # the webhook missed it
         elif record is not None and record.confirmed and record.held and _over(record):
             self._say(seen, "OverCommitted", record.decision.message, "Warning")
@@ -292,6 +307,16 @@ class Gates:
         if known is None or known[1] != seen.uid:
             return None
         return self._state.records.get(known[0])
+
+    def _say_ran_out(self, seen: ClaimPod, record: Record) -> None:
+        seen.expired = True
+        self._say(
+            seen,
+            "Expired",
+            f"reservation {record.name} {record.decision.message}, the lifetime its quota "
+            "gives; the pod gets no other reservation",
+            "Warning",
+        )
 
     def _refused(self, key: PodKey, seen: ClaimPod, claim: PodClaim, record: Record) -> None:
         decision = record.decision
@@ -330,15 +355,10 @@ class Gates:
             return
         async with self._creating:
             now = self._clock.now()
-            node = choose_node(self._state, self._planned.values(), seen.obj, claim, now)
-            if node is None:
-                self._say(
-                    seen,
-                    "NoNode",
-                    "no known node matches the pod's node selector, affinity "
-                    "and tolerations; it stays gated",
-                    "Warning",
-                )
+            placement = choose_node(self._state, self._planned.values(), seen.obj, claim, now)
+            node = placement.node
+            if node is None:  # nothing is made until a node, a quota or the pod changes
+                self._say(seen, placement.reason, placement.why, "Warning")
                 return
             self._planned[key] = (node, claim.ram_mb, claim.vram_mb)
             try:
@@ -362,7 +382,8 @@ class Gates:
                     ],
                 )
             )
-        body = pod_reservation(seen.obj, claim, node)
+        max_wait = self._state.ledger.quotas.max_wait(key[0])
+        body = pod_reservation(seen.obj, claim, node, max_wait=max_wait)
         path = resource_path("headroom.dev", "v1alpha1", "reservations", key[0])
         try:
             created = await self._call(lambda: self._transport.create(path, body))
@@ -421,7 +442,9 @@ class Gates:
 
     async def _ungate(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
         devices = record.decision.devices
-        operations = ungate_patch(seen.obj, record.node, record.name, devices)
+        expiry = record.decision.expires_at  # a quota's lifetime: the pod ends by then
+        left = expiry - self._clock.now() if expiry is not None else None
+        operations = ungate_patch(seen.obj, record.node, record.name, devices, time_left=left)
         if operations is None:
             return
         try:
@@ -432,7 +455,8 @@ class Gates:
             current = await self._fresh(key)
             same = current is not None and (current.get("metadata") or {}).get("uid") == seen.uid
             if same and current is not None and is_gated(current) and error.status != 409:
-                if ungate_patch(current, record.node, record.name, devices) != operations:
+                again = ungate_patch(current, record.node, record.name, devices, time_left=left)
+                if again != operations:
                     # Sent from a stale view (another controller moved the gates, say):
                     # not a refusal. Again, from the pod as it is now.
                     self._stirred.add(key)

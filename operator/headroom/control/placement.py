@@ -9,37 +9,95 @@ The figures are the ledger's, less what was created for other pods and is not
 decided yet (``planned``): reservations are created one at a time, but decided a
 moment later, and two pods placed in that moment must not both count on the same
 room.
+
+Nor is a node chosen that the pod's quotas refuse for good (``NodeNotAllowed``
+outside a quota's nodeSelector; ``WaitTooLong`` for a wait over its maxWait): the
+ledger says which (:meth:`Quotas.final_refusal`), so the rules live in one place.
+A reservation made there would only be refused, deleted and made again; instead
+the pod is told why in one sentence, and nothing is created until a node, a quota
+or the pod changes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
 from headroom.api.claims import PodClaim
 from headroom.api.constants import MAX_NODE_SUM_MB
+from headroom.api.reasons import Reason
 from headroom.control.state import State
 from headroom.kube.transport import JSON
-from headroom.objects.pods import may_run_on
+from headroom.ledger.entry import Entry, Owner
+from headroom.objects.pods import may_run_on, pod_wait
 
 #: What was created for a pod and is not decided yet: (node, RAM MiB, VRAM MiB).
 Planned = tuple[str, int, int]
+NO_NODE = "NoNode"
+_NO_MATCH = "no known node matches the pod's node selector, affinity and tolerations"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a pod's reservation goes, or (``node`` None) why nowhere: ``reason`` and one
+    sentence ``why`` for the pod's condition and Event."""
+
+    node: str | None
+    reason: str = ""
+    why: str = ""
 
 
 def choose_node(
     state: State, planned: Iterable[Planned], pod: JSON, claim: PodClaim, now: datetime
-) -> str | None:
-    """The node for ``pod``'s reservation; None when it may run on no node we know."""
+) -> Placement:
+    """The node for ``pod``'s reservation; none when it may run on no node we know, or
+    its quotas refuse every one it may run on for good."""
+    # Final refusal reason -> (node, its words), of the first node by name: the same
+    # words on every look while the nodes stay, so the pod is told once.
+    refused: dict[str, tuple[str, str]] = {}
+    tried = 0
+    quotas = state.ledger.quotas
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace", ""))
+    wait = pod_wait(claim, quotas.max_wait(namespace))
+    probe = Entry(  # the pod's reservation as its quotas judge it, on each node in turn
+        id=f"{namespace}/{meta.get('name', '')}",
+        node="",
+        ram_mb=claim.ram_mb,
+        vram_mb=claim.vram_mb,
+        created_at=now,
+        last_heartbeat=now,
+        owner=Owner(pod=str(meta.get("name", "")), surface="pod"),
+        wait_until=now + wait if wait is not None else None,
+        pod_lifetime=True,
+    )
+
+    def allowed(node: str) -> bool:
+        nonlocal tried
+        tried += 1
+        probe.node = node
+        refusal = quotas.final_refusal(probe)
+        if refusal is not None and (refusal[0] not in refused or node < refused[refusal[0]][0]):
+            refused[refusal[0]] = (node, refusal[1])
+        return refusal is None
+
     if claim.node is not None:  # the pod names its node: that one, if it may run there
         facts = state.node_facts.get(claim.node)
-        return claim.node if facts is None or may_run_on(pod, facts) else None
+        if facts is None:  # not seen yet: its reservation waits for it (NodeUnknown)
+            return Placement(claim.node)
+        if not may_run_on(pod, facts):
+            return Placement(None, NO_NODE, f"{_NO_MATCH} (annotation node {claim.node})")
+        if allowed(claim.node):
+            return Placement(claim.node)
+        return _nowhere(refused, tried)
     pending: dict[str, tuple[int, int, int]] = {}
     for node, ram, vram in planned:
         had = pending.get(node, (0, 0, 0))
         pending[node] = (had[0] + ram, had[1] + vram, had[2] + 1)
     ranked: list[tuple[tuple[int, bool, int, str], bool]] = []
     for name, facts in state.node_facts.items():
-        if not state.ledger.knows(name) or not may_run_on(pod, facts):
+        if not state.ledger.knows(name) or not may_run_on(pod, facts) or not allowed(name):
             continue
         summary = state.ledger.node_summary(name, now)
         ram, vram, entries = pending.get(name, (0, 0, 0))
@@ -57,5 +115,25 @@ def choose_node(
     ranked.sort()
     for order, fits in ranked:
         if fits:
-            return order[3]
-    return ranked[0][0][3] if ranked else None
+            return Placement(order[3])
+    if ranked:
+        return Placement(ranked[0][0][3])
+    return _nowhere(refused, tried)
+
+
+def _nowhere(refused: dict[str, tuple[str, str]], tried: int) -> Placement:
+    """Why no node: a wait refused is refused on every node, so it is said first."""
+    if Reason.WAIT_TOO_LONG in refused:
+        message = refused[Reason.WAIT_TOO_LONG][1]
+        return Placement(
+            None, Reason.WAIT_TOO_LONG, f"annotation headroom.dev/wait: {message}; it stays gated"
+        )
+    if refused:
+        reason, (_, message) = min(refused.items())
+        nodes = (
+            "its quota does not allow the node it may run on"
+            if tried == 1
+            else f"its quota allows none of the {tried} nodes it may run on"
+        )
+        return Placement(None, reason, f"{nodes}: {message}; it stays gated")
+    return Placement(None, NO_NODE, f"{_NO_MATCH}; it stays gated")

@@ -52,11 +52,14 @@ class QuotaFeed:
         clock: Clock,
         *,
         wake: Callable[[], None],
+        changed: Callable[[], None] = lambda: None,
         rng: random.Random | None = None,
     ) -> None:
-        """``wake()``: quotas or namespaces changed; waiters may go now."""
+        """``wake()``: quotas or namespaces changed; waiters may go now. ``changed()``: what
+        governs some namespace changed; gated pods that no node was allowed for may find
+        one now."""
         self._state, self._transport, self._events, self._clock = state, transport, events, clock
-        self._wake, self._rng = wake, rng or random.Random()
+        self._wake, self._rules_changed, self._rng = wake, changed, rng or random.Random()
         self._seen: dict[tuple[str, str], float] = {}  # (kind, name) -> last watch event
         self.unusable: dict[str, str] = {}  # quota governing nothing -> why
         self._warned: dict[str, str] = {}  # quota -> the problem last named in an Event
@@ -144,6 +147,7 @@ class QuotaFeed:
         state = self._state
         state.room_nodes |= state.ledger.quota_waiters()
         self._wake()
+        self._rules_changed()
 
     # -- namespaces not seen yet -------------------------------------------------------------
 

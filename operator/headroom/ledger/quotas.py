@@ -296,15 +296,36 @@ class Quotas:
             return None
         # What no wait can change (the node, the lifetime, the wait asked for) first, from
         # every quota: a full quota must not queue a claim another one refuses for good.
-        for rules in governing:
-            refusal = self._forbidden_by(rules, entry, namespace)
-            if refusal is not None:
-                return refusal
+        refusal = self.final_refusal(entry)
+        if refusal is not None:
+            return refusal
         for rules in governing:
             refusal = self._full(rules, entry, namespace)
             if refusal is not None:
                 return refusal
         return None
+
+    def final_refusal(self, entry: Entry) -> tuple[Reason, str] | None:
+        """Why the namespace's quotas refuse ``entry`` for good, or None: its node is
+        outside a nodeSelector, or it asks for a lifetime or a wait longer than allowed.
+        No release and no wait changes that, so a placement asks it of each node before
+        it creates anything, rather than create what is bound to be refused."""
+        namespace = namespace_of(entry.id)
+        for rules in self.governing(namespace):
+            refusal = self._forbidden_by(rules, entry, namespace)
+            if refusal is not None:
+                return refusal
+        return None
+
+    def max_wait(self, namespace: str) -> timedelta | None:
+        """The longest ``spec.wait`` the namespace's quotas allow (the smallest valid
+        ``maxWait``); None: no quota bounds it."""
+        waits = [
+            rules.max_wait
+            for rules in self.governing(namespace)
+            if rules.max_wait is not None and rules.invalid is None
+        ]
+        return min(waits, default=None)
 
     def _forbidden_by(
         self, rules: QuotaRules, entry: Entry, namespace: str

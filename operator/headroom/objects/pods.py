@@ -166,16 +166,31 @@ def bound_node(pod: JSON) -> str | None:
 # -- the reservation of a pod -----------------------------------------------------------------
 
 
+def pod_wait(claim: PodClaim, max_wait: timedelta | None) -> timedelta | None:
+    """How long a pod's reservation may wait for room: what the pod asks
+    (``headroom.dev/wait``), else as long as its quotas allow (``max_wait``, their
+    smallest ``maxWait``; whole seconds, as ``spec.wait`` says it), else 24h. A default
+    over a quota's maxWait would be refused WaitTooLong, and the pod never placed.
+    None: it may not wait at all (a maxWait under a second)."""
+    if claim.wait is not None:
+        return claim.wait
+    bound = MAX_WAIT if max_wait is None else min(MAX_WAIT, max_wait)
+    seconds = int(bound.total_seconds())
+    return timedelta(seconds=seconds) if seconds >= 1 else None
+
+
 def pod_reservation(
     pod: JSON,
     claim: PodClaim,
     node: str,
     *,
+    max_wait: timedelta | None = None,
     node_ram_mb: int | None = None,
     node_vram_mb: int | None = None,
 ) -> JSON:
     """The Reservation that holds a pod's memory: same namespace and name as the pod,
     owned by it (the garbage collector deletes it with the pod), alive as long as it.
+    ``max_wait``: the longest wait its namespace's quotas allow (:func:`pod_wait`).
 
     For a pod that runs on ``node`` already, the claim is capped at what the pod can
     use (``headroom.objects.podmemory.capped_claim``, with the node's total RAM and VRAM
@@ -185,15 +200,16 @@ def pod_reservation(
         claim = capped_claim(claim, memory_limit_mb(pod), node_ram_mb, node_vram_mb)
     meta = pod.get("metadata") or {}
     name = str(meta.get("name"))
-    wait = claim.wait if claim.wait is not None else MAX_WAIT
     spec: JSON = {
         "node": node,
         "ramMB": claim.ram_mb,
         "owner": {"pod": name, "surface": "pod"},
         "liveness": "Pod",
-        "wait": _go_duration(wait),
         "description": f"memory of pod {name}",
     }
+    wait = pod_wait(claim, max_wait)
+    if wait is not None:
+        spec["wait"] = _go_duration(wait)
     if claim.vram_mb:
         spec["vramMB"] = claim.vram_mb
     if claim.gpus is not None:
@@ -237,11 +253,17 @@ def owning_pod_uid(reservation: JSON) -> str | None:
 
 
 def ungate_patch(
-    pod: JSON, node: str, reservation: str, devices: Mapping[str, int] | None = None
+    pod: JSON,
+    node: str,
+    reservation: str,
+    devices: Mapping[str, int] | None = None,
+    *,
+    time_left: timedelta | None = None,
 ) -> list[JSON] | None:
     """One JSON patch: pin to ``node``, name the reservation (and the GPU devices it
-    was admitted on, for the pod's program to use), remove our gate.
-    None when our gate is not there (nothing to do)."""
+    was admitted on, for the pod's program to use), remove our gate; and, when the
+    reservation expires (``time_left``, a lifetime its quota gave), make the pod end
+    by then (:func:`active_deadline`). None when our gate is not there (nothing to do)."""
     index = _gate_index(pod)
     if index is None:
         return None
@@ -253,6 +275,9 @@ def ungate_patch(
         {"op": "remove", "path": gate_path},
         *_pin(spec, node),
     ]
+    deadline = active_deadline(pod, time_left)
+    if deadline is not None:
+        ops.append(_add("/spec/activeDeadlineSeconds", deadline))
     told = {RESERVATION_ANNOTATION: reservation}
     if devices:
         told[DEVICES_ANNOTATION] = ",".join(sorted(devices))
@@ -262,6 +287,22 @@ def ungate_patch(
     else:
         ops.append(_add("/metadata/annotations", told))
     return ops
+
+
+def active_deadline(pod: JSON, time_left: timedelta | None) -> int | None:
+    """The ``spec.activeDeadlineSeconds`` a pod must be given so that the kubelet ends it
+    (Failed, DeadlineExceeded) when its reservation expires: the whole seconds left, at
+    least 1 (the API server's minimum). The kubelet counts from the pod's start, which
+    comes after the ungate, so the pod may outlive the reservation by that slack, never
+    more. None: nothing to set (no expiry, or the pod already has a deadline as near;
+    the API server refuses a raised one, and one the pod set itself is its own)."""
+    if time_left is None:
+        return None
+    seconds = max(int(time_left.total_seconds()), 1)
+    have = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if isinstance(have, int) and not isinstance(have, bool) and 0 < have <= seconds:
+        return None
+    return seconds
 
 
 def _pointer(key: str) -> str:
@@ -319,6 +360,15 @@ def pinned_node(pod: JSON) -> str | None:
 
 
 # -- the pod's condition ----------------------------------------------------------------------
+
+
+def condition_reason(pod: JSON) -> str | None:
+    """The reason of the pod's condition ``headroom.dev/Admitted``, if it has one."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(condition, dict) and condition.get("type") == CONDITION:
+            reason = condition.get("reason")
+            return str(reason) if reason is not None else None
+    return None
 
 
 def condition_patch(pod: JSON, status: str, reason: str, message: str, at: str) -> list[JSON]:

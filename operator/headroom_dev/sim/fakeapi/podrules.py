@@ -12,10 +12,12 @@ server refuses, so the rules the operator's gating relies on are enforced here a
   tolerations stay; while the stored pod is gated, ``spec.nodeSelector`` accepts
   additions only, a node affinity without required terms may be set, and existing
   required terms accept added requirements only (their number fixed); the rest of
-  the spec is immutable but for container images — ``spec.nodeName`` included.
-  (The real server also lets ``activeDeadlineSeconds`` shrink and
-  ``terminationGracePeriodSeconds`` go from negative to 1; here both are
-  immutable: stricter, so nothing the sim proves leans on them.)
+  the spec is immutable but for container images — ``spec.nodeName`` included —
+  and ``activeDeadlineSeconds``, which may be set or lowered, never raised or
+  removed (the operator sets it in the ungate patch to end a pod with its
+  reservation's lifetime). (The real server also lets
+  ``terminationGracePeriodSeconds`` go from negative to 1; here it is immutable:
+  stricter, so nothing the sim proves leans on it.)
 - ``pods/binding``, what kube-scheduler posts: sets ``spec.nodeName`` once, never on
   a gated pod (409, as BindingREST wraps its refusals), and turns ``PodScheduled``
   True, without a new ``metadata.generation`` (it bypasses the pod strategy).
@@ -132,7 +134,9 @@ def update_errors(old: JSON, new: JSON) -> list[str]:
     if _same(before, after):
         return []
     errors = _gate_errors(before, after) + _toleration_errors(before, after)
+    errors += _deadline_errors(before, after)
     munged = dict(after)
+    munged["activeDeadlineSeconds"] = before.get("activeDeadlineSeconds")
     for key in ("containers", "initContainers"):
         olds, news = _dicts(before.get(key)), _dicts(after.get(key))
         if len(olds) == len(news):
@@ -144,6 +148,25 @@ def update_errors(old: JSON, new: JSON) -> list[str]:
     if not _same(munged, before):
         errors.append(f"spec: Forbidden: pod updates may not change fields other than {_UPDATABLE}")
     return errors
+
+
+def _deadline_errors(before: JSON, after: JSON) -> list[str]:
+    """Set from nil, or lowered: nothing else (the spec's own bound, 1 and up, too)."""
+    path = "spec.activeDeadlineSeconds"
+    old, new = before.get("activeDeadlineSeconds"), after.get("activeDeadlineSeconds")
+    if new is None:
+        if old is None:
+            return []
+        return [
+            f"{path}: Invalid value: null: must not update from a positive integer to nil value"
+        ]
+    if type(new) is not int or not 1 <= new <= 2**31 - 1:
+        return [
+            f"{path}: Invalid value: {_shown(new)}: must be between 1 and 2147483647, inclusive"
+        ]
+    if type(old) is int and old < new:
+        return [f"{path}: Invalid value: {new}: must be less than or equal to previous value"]
+    return []
 
 
 def _with_image(new: JSON, old: JSON) -> JSON:
