@@ -19,6 +19,14 @@ confirmed, the resync):
   Admitted while its pod stays gated. One that failed only because it was made
   from a stale view of the pod (another controller lifted its own gate
   meanwhile) is made again from the pod as it is, not taken for a refusal;
+- gated, but no longer labelled (or never labelled: every pod our gate holds is
+  followed, whatever its labels): what it booked is deleted and our gate removed,
+  so it schedules as any pod (``NotClaimed``); labelled but its claim unreadable:
+  what it booked is deleted and it stays gated until the claim reads (``BadClaim``);
+- gated, with a reservation owned by it and named as it that is not what this
+  module writes for its claim: it says so and stays gated (``ReservationNameTaken``);
+  one on a node its constraints no longer allow (narrowed, tainted, cordoned) is
+  deleted, and the pod placed again (``NodeUnsuitable``);
 - gated, its reservation finally refused (its wait ran out): shown on the pod; a
   pod that set no wait of its own gets a new reservation, so it waits as long as
   it is gated;
@@ -31,6 +39,11 @@ confirmed, the resync):
   .owners``) and with the garbage collector (its ownerReference); no finalizer is
   ever involved, so nothing waits for the operator.
 
+Every pass makes the pod's condition ``headroom.dev/Admitted`` match its reservation,
+whatever was written before (a restart, a lost answer). A create is tried once while
+the placement lock is held; one that fails is tried again later with a per-pod
+backoff, so one namespace's failing creates never stall another's pods.
+
 Names are deterministic, so "no pod gets two reservations" holds across restarts
 and races: a second create answers 409 and the existing one is adopted if it is
 this pod incarnation's.
@@ -41,37 +54,38 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable
 
-from headroom.api.claims import PodClaim, pod_claim
+from headroom.api.claims import PodClaim, is_claim_pod, pod_claim
 from headroom.api.constants import OWNER_LABEL
 from headroom.api.parse import InvalidValueError
 from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
 from headroom.api.reasons import Phase, Reason
-from headroom.api.refs import ObjectRef
 from headroom.control.placement import choose_node
+from headroom.control.podcalls import Caller, ClaimPod, Known, PodCalls
 from headroom.control.state import PodKey, Record, State, deliver_listed, pod_key
-from headroom.control.tasks import BackgroundTasks
-from headroom.control.telemetry import NoTelemetry, Telemetry
-from headroom.kube.backoff import Backoff
+from headroom.control.telemetry import Telemetry
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
-from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
+from headroom.kube.transport import JSON, ApiError, Transport, list_all
+from headroom.objects.podreservations import (
+    booked,
+    differences,
+)
 from headroom.objects.pods import (
     bound_node,
-    condition_patch,
     condition_reason,
     is_finished,
     is_gated,
+    may_run_on,
     owning_pod_uid,
     pod_reservation,
-    ungate_patch,
 )
 
 log = logging.getLogger(__name__)
-CLAIM_SELECTOR = "headroom.dev/claim=true"
+#: The pods watch selects nothing: a pod our gate holds is followed whatever its labels
+#: (a label can be removed; a field selector cannot see scheduling gates).
+CLAIM_SELECTOR = None
 _RETRY_FIRST, _RETRY_CAP = 10.0, 300.0  # a new reservation after a refusal, per pod
 
 
@@ -94,30 +108,12 @@ def _ran_out(seen: ClaimPod) -> bool:
     return seen.expired or condition_reason(seen.obj) == Reason.EXPIRED
 
 
-class _DeposedError(Exception):
-    """This process may no longer act (it lost the Lease): stop, write nothing."""
+def _followed(pod: JSON) -> bool:
+    """Opted in, or held by our gate (an opted-in pod that lost its label, say)."""
+    return is_claim_pod(pod) or is_gated(pod)
 
 
-@dataclass(slots=True)
-class ClaimPod:
-    """An opted-in pod as last seen, and where its gate stands."""
-
-    obj: JSON
-    uid: str
-    gated_at: float | None = None  # monotonic, when first seen gated
-    said: str = ""  # the last Event posted about it (one per state)
-    retry_after: float = 0.0  # monotonic; no new reservation before
-    retries: int = 0
-    refused: str = ""  # the uid of its last reservation seen finally refused
-    seen_at: float = 0.0  # monotonic: when a watch (or the list asked then) showed it
-    # Facts that never go back for one incarnation, kept once seen: a watch event that
-    # lags a newer list may show the pod as it was (unbound, running) a moment later.
-    node: str | None = None  # the node it was bound to
-    ended: bool = False  # Succeeded or Failed
-    expired: bool = False  # ran, and its reservation was reclaimed Expired: no other one
-
-
-class Gates:
+class Gates(PodCalls):
     def __init__(
         self,
         state: State,
@@ -130,23 +126,23 @@ class Gates:
         rng: random.Random,
         telemetry: Telemetry | None = None,
     ) -> None:
-        self._state, self._transport, self._events, self._clock = state, transport, events, clock
-        self._reclaim, self._may_act, self._rng = reclaim, may_act, rng
-        self._telemetry = telemetry or NoTelemetry()
-        self._pods: dict[PodKey, ClaimPod] = {}
-        self._reservations: dict[PodKey, tuple[str, str | None]] = {}  # -> (its uid, pod uid)
+        super().__init__(
+            state,
+            transport,
+            events,
+            clock,
+            reclaim=reclaim,
+            may_act=may_act,
+            rng=rng,
+            telemetry=telemetry,
+        )
         self._pod_of: dict[str, PodKey] = {}  # reservation uid -> the pod key it is named for
         self._unlisted: set[tuple[PodKey, str]] = set()  # pods a list lacked: gone?
-        self._busy: set[PodKey] = set()  # a create or an ungate is in flight
-        self._stirred: set[PodKey] = set()  # something changed while it was
         # Reservations are created one at a time, in the order pods were seen (a fair
         # lock), so the decider sees them in the pods' creation order; and what is
         # created but not decided yet counts against its node when the next is placed.
         self._creating = asyncio.Lock()
         self._planned: dict[PodKey, tuple[str, int, int]] = {}  # -> (node, RAM, VRAM)
-        self._tasks = BackgroundTasks()
-        self._timers: dict[PodKey, asyncio.TimerHandle] = {}
-        self.started = False  # nothing is done before the ledger is rebuilt
 
     # -- what the operator sees --------------------------------------------------------------
 
@@ -159,15 +155,20 @@ class Gates:
         meta = obj.get("metadata") or {}
         key = pod_key(obj)
         uid = str(meta.get("uid", ""))
+        seen = self._pods.get(key)
         if event_type == "DELETED":
-            seen = self._pods.get(key)
             if seen is not None and seen.uid == uid:
                 del self._pods[key]
                 self._tasks.spawn(self._gone(key, uid))
             return
-        seen = self._pods.get(key)
         if listed_at is not None and seen is not None and seen.seen_at >= listed_at:
             return  # a watch event since the list was asked for is newer
+        if not _followed(obj):
+            # Neither opted in nor gated (its label went after its gate did): no longer
+            # ours to follow; a reservation it holds stays, as any owner pod's does.
+            if seen is not None and seen.uid == uid:
+                del self._pods[key]
+            return
         if seen is None or seen.uid != uid:
             seen = self._pods[key] = ClaimPod(obj, uid)
         seen.obj = obj
@@ -186,13 +187,14 @@ class Gates:
 
     def take(self, pods: list[JSON], *, listed_at: float) -> None:
         listed = deliver_listed(pods, self.on_pod, listed_at=listed_at)
-        for key in [k for k in self._pods if k not in listed]:
-            del self._pods[key]
+        for key in [k for k, seen in self._pods.items() if k not in listed]:
+            if self._pods[key].seen_at < listed_at:  # a watch may have seen it since
+                del self._pods[key]
         # A pod deleted while nobody watched (the operator down, a watch gap): its
         # reservation, if it holds nothing, goes now, not at the next resync.
-        for key, (_, pod_uid) in list(self._reservations.items()):
-            if key not in listed and pod_uid is not None:
-                self._unlisted.add((key, pod_uid))
+        for key, known in list(self._reservations.items()):
+            if key not in listed and key not in self._pods:
+                self._unlisted.add((key, known.pod_uid))
         if self.started:
             self._check_unlisted()
 
@@ -209,8 +211,9 @@ class Gates:
         meta = obj.get("metadata") or {}
         key = pod_key(obj)
         uid = str(meta.get("uid", ""))
-        if self._reservations.get(key, ("", None))[0] != uid:
-            self._reservations[key] = (uid, pod_uid)
+        known = self._reservations.get(key)
+        if known is None or known.uid != uid:
+            self._reservations[key] = Known(uid, pod_uid, booked(obj))
             self._pod_of[uid] = key
             self.poke(key)
 
@@ -218,7 +221,8 @@ class Gates:
         key = self._pod_of.pop(uid, None)
         if key is not None:
             self._planned.pop(key, None)
-        if key is not None and self._reservations.get(key, ("", None))[0] == uid:
+        known = self._reservations.get(key) if key is not None else None
+        if key is not None and known is not None and known.uid == uid:
             del self._reservations[key]
             self.poke(key)
 
@@ -230,9 +234,10 @@ class Gates:
             self.poke(key)
 
     def nodes_changed(self) -> None:
-        """A node came, went or changed: pods that found no node may find one now."""
+        """A node came, went or changed: pods that found no node may find one now, and a
+        pod whose node no longer suits it (tainted, cordoned, relabelled) is placed again."""
         for key, pod in self._pods.items():
-            if key not in self._reservations and is_gated(pod.obj):
+            if is_gated(pod.obj):
                 self.poke(key)
 
     def bound_to(self, namespace: str, pod: str) -> str | None:
@@ -274,39 +279,92 @@ class Gates:
             elif record is not None and record.confirmed and record.decision.phase == Phase.QUEUED:
                 self._run(key, self._replace(key, record.uid))  # waits for nobody: deleted
             return
+        known = self._reservations.get(key)
+        if known is not None and known.pod_uid != seen.uid:
+            # Left by an earlier pod of the same name (its owner is gone: the garbage
+            # collector deletes it too); this pod gets its own.
+            self._run(key, self._replace(key, known.uid))
+            return
+        if not is_claim_pod(pod):  # gated, but it claims nothing (any more)
+            self._run(key, self._let_go(key, seen, known))
+            return
         try:
             claim = pod_claim(pod)
         except InvalidValueError as error:
-            self._say(seen, "BadClaim", f"{error}; not gated by Headroom", "Warning")
+            self._bad_claim(key, seen, known, str(error))
             return
-        known = self._reservations.get(key)
         wait = seen.retry_after - self._clock.monotonic()
         if known is None and wait > 0:
             self._later(key, wait)  # refused a moment ago: not again at once
-            return
-        if known is not None and known[1] != seen.uid:
-            # Left by an earlier pod of the same name (its owner is gone: the garbage
-            # collector deletes it too); this pod gets its own.
-            self._run(key, self._replace(key, known[0]))
         elif is_gated(pod):
-            if known is None:
-                self._run(key, self._create(key, seen, claim))
-            elif record is not None and record.held and record.confirmed:
-                self._run(key, self._ungate(key, seen, record))
-            elif record is not None and record.confirmed:
-                self._refused(key, seen, claim, record)
+            self._gated(key, seen, claim, known, record)
         elif record is not None and record.confirmed and _expired(record):
             self._say_ran_out(seen, record)
         elif known is None and not _ran_out(seen) and (node := bound_node(pod)) is not None:
             self._run(key, self._create(key, seen, claim, node=node))  # the webhook missed it
-        elif record is not None and record.confirmed and record.held and _over(record):
-            self._say(seen, "OverCommitted", record.decision.message, "Warning")
+        elif record is not None and record.confirmed and record.held:
+            if _over(record):
+                self._say(seen, "OverCommitted", record.decision.message, "Warning")
+            else:  # written again whenever the pod's condition says otherwise
+                self._condition(seen, "Admitted", self._admitted_message(pod, record))
+
+    def _gated(
+        self,
+        key: PodKey,
+        seen: ClaimPod,
+        claim: PodClaim,
+        known: Known | None,
+        record: Record | None,
+    ) -> None:
+        if known is None:
+            self._run(key, self._create(key, seen, claim))
+            return
+        differ = differences(known.book, key[1], claim)
+        if differ:  # not what the operator makes for this claim: it lets nobody out
+            self._say(
+                seen,
+                "ReservationNameTaken",
+                f"the Reservation {key[1]}, owned by this pod, is not the one Headroom makes "
+                f"for its claim ({'; '.join(differ)}); delete it and one is made, or the pod "
+                "stays gated",
+                "Warning",
+            )
+            return
+        facts = self._state.node_facts.get(known.book.node)
+        if facts is not None and not may_run_on(seen.obj, facts):
+            # Its nodeSelector or affinity narrowed, or the node tainted or cordoned since
+            # it was placed: pinned there it would never be scheduled.
+            self._say(
+                seen,
+                "NodeUnsuitable",
+                f"node {known.book.node} no longer suits the pod (its node selector, "
+                "affinity or tolerations against the node's labels, taints and cordon); "
+                "its reservation there is released and it is placed again",
+            )
+            self._run(key, self._replace(key, known.uid))
+        elif record is not None and record.held and record.confirmed:
+            self._run(key, self._ungate(key, seen, record))
+        elif record is not None and record.confirmed:
+            self._refused(key, seen, claim, record)
+
+    def _bad_claim(self, key: PodKey, seen: ClaimPod, known: Known | None, error: str) -> None:
+        if not is_gated(seen.obj):
+            self._say(seen, "BadClaim", f"{error}; not gated by Headroom", "Warning")
+            return
+        if known is not None:  # what it booked is no longer what it claims
+            self._run(key, self._replace(key, known.uid))
+        self._say(
+            seen,
+            "BadClaim",
+            f"{error}; it holds no reservation and stays gated until its claim is read",
+            "Warning",
+        )
 
     def _record(self, key: PodKey, seen: ClaimPod) -> Record | None:
         known = self._reservations.get(key)
-        if known is None or known[1] != seen.uid:
+        if known is None or known.pod_uid != seen.uid:
             return None
-        return self._state.records.get(known[0])
+        return self._state.records.get(known.uid)
 
     def _say_ran_out(self, seen: ClaimPod, record: Record) -> None:
         seen.expired = True
@@ -350,8 +408,9 @@ class Gates:
     async def _create(
         self, key: PodKey, seen: ClaimPod, claim: PodClaim, *, node: str | None = None
     ) -> None:
+        await self._label_owner(key, seen)
         if node is not None:  # already placed by the scheduler: nothing to choose
-            await self._make(key, seen, claim, node)
+            await self._make(key, seen, claim, node, self._call)
             return
         async with self._creating:
             now = self._clock.now()
@@ -361,36 +420,48 @@ class Gates:
                 self._say(seen, placement.reason, placement.why, "Warning")
                 return
             self._planned[key] = (node, claim.ram_mb, claim.vram_mb)
+            made = False
             try:
-                await self._make(key, seen, claim, node)
-            except BaseException:
-                self._planned.pop(key, None)
-                raise
+                # One attempt while the lock is held: a create that fails (one namespace's
+                # webhook or quota in trouble) is tried again later, after the others.
+                made = await self._make(key, seen, claim, node, self._once)
+            finally:
+                if not made:  # every exit that made nothing clears what it planned
+                    self._planned.pop(key, None)
 
-    async def _make(self, key: PodKey, seen: ClaimPod, claim: PodClaim, node: str) -> None:
-        if (seen.obj.get("metadata") or {}).get("labels", {}).get(OWNER_LABEL) != "true":
-            await self._call(  # its deletion is then followed like any owner pod's
-                lambda: self._transport.json_patch(
-                    pod_path(*key),
-                    [
-                        {"op": "test", "path": "/metadata/uid", "value": seen.uid},
-                        {
-                            "op": "add",
-                            "path": "/metadata/labels/" + OWNER_LABEL.replace("/", "~1"),
-                            "value": "true",
-                        },
-                    ],
-                )
+    async def _label_owner(self, key: PodKey, seen: ClaimPod) -> None:
+        if (seen.obj.get("metadata") or {}).get("labels", {}).get(OWNER_LABEL) == "true":
+            return
+        await self._call(  # its deletion is then followed like any owner pod's
+            lambda: self._transport.json_patch(
+                pod_path(*key),
+                [
+                    {"op": "test", "path": "/metadata/uid", "value": seen.uid},
+                    {
+                        "op": "add",
+                        "path": "/metadata/labels/" + OWNER_LABEL.replace("/", "~1"),
+                        "value": "true",
+                    },
+                ],
             )
+        )
+
+    async def _make(
+        self, key: PodKey, seen: ClaimPod, claim: PodClaim, node: str, call: Caller
+    ) -> bool:
+        """Create the pod's reservation (or adopt the one there); whether it is the pod's."""
         max_wait = self._state.ledger.quotas.max_wait(key[0])
-        body = pod_reservation(seen.obj, claim, node, max_wait=max_wait)
+        ram, vram = self._state.ledger.capacity(node)
+        body = pod_reservation(
+            seen.obj, claim, node, max_wait=max_wait, node_ram_mb=ram, node_vram_mb=vram
+        )
         path = resource_path("headroom.dev", "v1alpha1", "reservations", key[0])
         try:
-            created = await self._call(lambda: self._transport.create(path, body))
+            created = await call(lambda: self._transport.create(path, body))
         except ApiError as error:
             if error.status != 409:
                 raise
-            created = await self._call(lambda: self._transport.get(reservation_path(*key)))
+            created = await call(lambda: self._transport.get(reservation_path(*key)))
         if owning_pod_uid(created) is None:  # a tenant's own reservation has the pod's name
             self._backoff(seen)
             self._say(
@@ -400,174 +471,8 @@ class Gates:
                 "or the pod stays gated",
                 "Warning",
             )
-            return
+            return False
         self.reservation_seen(created)
         if (created.get("metadata") or {}).get("uid") in self._state.records:
             self._planned.pop(key, None)  # adopted, and already decided
-
-    async def _gone(self, key: PodKey, pod_uid: str) -> None:
-        """A claiming pod left the watch: deleted, or only unlabelled? If it is gone, a
-        reservation of its that holds nothing (it waited) is deleted now; one that holds
-        memory is reclaimed through its owner label (``OwnerPodDeleted``), and the
-        garbage collector deletes either with the pod."""
-        known = self._reservations.get(key)
-        if known is None or known[1] != pod_uid or not self.started or not self._may_act():
-            return
-        record = self._state.records.get(known[0])
-        if record is not None and record.held:
-            return
-        try:
-            pod = await self._call(lambda: self._transport.get(pod_path(*key)))
-            if (pod.get("metadata") or {}).get("uid") == pod_uid:
-                return  # still there, only unlabelled: its reservation stays
-        except ApiError as error:
-            if not error.not_found:
-                log.warning("pod %s/%s not read (%s); the resync looks again", *key, error)
-                return
-        except _DeposedError:
-            return
-        try:
-            await self._replace(key, known[0])
-        except (ApiError, _DeposedError) as error:
-            log.warning("reservation of pod %s/%s not deleted (%s)", *key, error)
-
-    async def _replace(self, key: PodKey, uid: str) -> None:
-        """Delete a reservation this pod cannot use (an earlier pod's, or one refused)."""
-        try:
-            await self._call(lambda: self._transport.delete(reservation_path(*key), uid=uid))
-        except ApiError as error:
-            if not (error.not_found or error.conflict):
-                raise
-        self.reservation_gone(uid)
-
-    async def _ungate(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
-        devices = record.decision.devices
-        expiry = record.decision.expires_at  # a quota's lifetime: the pod ends by then
-        left = expiry - self._clock.now() if expiry is not None else None
-        operations = ungate_patch(seen.obj, record.node, record.name, devices, time_left=left)
-        if operations is None:
-            return
-        try:
-            pod = await self._call(lambda: self._transport.json_patch(pod_path(*key), operations))
-        except ApiError as error:
-            if error.not_found:
-                return  # gone: its owner label releases the reservation
-            current = await self._fresh(key)
-            same = current is not None and (current.get("metadata") or {}).get("uid") == seen.uid
-            if same and current is not None and is_gated(current) and error.status != 409:
-                again = ungate_patch(current, record.node, record.name, devices, time_left=left)
-                if again != operations:
-                    # Sent from a stale view (another controller moved the gates, say):
-                    # not a refusal. Again, from the pod as it is now.
-                    self._stirred.add(key)
-                    return
-                self._telemetry.ungate_failed(error.reason or str(error.status))
-                why = f"pod {key[1]} could not be pinned to {record.node} and ungated: "
-                self._reclaim(record, Reason.UNGATE_REFUSED, why + error.message)
-                self._say(seen, "UngateRefused", why + error.message, "Warning")
-            return
-        seen.obj = pod
-        if seen.gated_at is not None:
-            self._telemetry.ungated(self._clock.monotonic() - seen.gated_at)
-        on = f"; GPU devices {','.join(sorted(devices))}" if devices else ""
-        self._say(seen, "Admitted", f"pinned to node {record.node}; reservation {record.name}{on}")
-
-    async def _fresh(self, key: PodKey) -> JSON | None:
-        try:
-            pod = await self._call(lambda: self._transport.get(pod_path(*key)))
-        except ApiError as error:
-            if error.not_found:
-                return None
-            raise
-        seen = self._pods.get(key)
-        if seen is not None and seen.uid == (pod.get("metadata") or {}).get("uid"):
-            seen.obj = pod
-        return pod
-
-    async def _call(self, call: Callable[[], Awaitable[JSON]]) -> JSON:
-        """Retry what got no answer (or 429/5xx); an answer that says no is raised."""
-        backoff = Backoff(base=0.2, cap=10.0, rng=self._rng)
-        while True:
-            if not self._may_act():
-                raise _DeposedError
-            try:
-                return await call()
-            except ApiError as error:
-                if not error.retriable:
-                    raise
-                failure: Exception = error
-            except ApiUnavailableError as error:
-                failure = error
-            delay = backoff.next()
-            log.warning("gating call failed (%s); again in %.1fs", failure, delay)
-            await asyncio.sleep(delay)
-
-    # -- plumbing -----------------------------------------------------------------------------
-
-    def _run(self, key: PodKey, coroutine: Coroutine[Any, Any, None]) -> None:
-        self._busy.add(key)
-
-        async def one_at_a_time() -> None:
-            try:
-                await coroutine
-            except _DeposedError:
-                self._busy.discard(key)
-                return  # the next leader does it
-            except (ApiError, ApiUnavailableError) as error:
-                log.warning("pod %s/%s: %s; tried again", *key, error)
-                self._later(key, _RETRY_FIRST)
-            except Exception:
-                log.exception("pod %s/%s not handled", *key)
-            finally:
-                self._busy.discard(key)
-            if key in self._stirred:
-                self._stirred.discard(key)
-                self.poke(key)
-
-        self._tasks.spawn(one_at_a_time())
-
-    def _later(self, key: PodKey, delay: float) -> None:
-        if key in self._timers:
-            return
-        loop = asyncio.get_running_loop()
-
-        def again() -> None:
-            self._timers.pop(key, None)
-            self.poke(key)
-
-        self._timers[key] = loop.call_later(delay, again)
-
-    def _say(
-        self,
-        seen: ClaimPod,
-        reason: str,
-        message: str,
-        kind: Literal["Normal", "Warning"] = "Normal",
-    ) -> None:
-        """One Event per state of the pod (not one per poke)."""
-        said = f"{reason}:{message}"
-        if seen.said == said:
-            return
-        seen.said = said
-        meta = seen.obj.get("metadata") or {}
-        key = (str(meta.get("namespace")), str(meta.get("name")))
-        self._events.record(ObjectRef("v1", "Pod", key[1], seen.uid, key[0]), reason, message, kind)
-        admitted = "True" if reason in ("Admitted", "OverCommitted") else "False"
-        now = self._clock.now().isoformat().replace("+00:00", "Z")
-        patch = condition_patch(seen.obj, admitted, reason, message, now)
-        self._tasks.spawn(self._set_condition(key, patch))
-
-    async def _set_condition(self, key: PodKey, patch: list[JSON]) -> None:
-        """Best effort: the Event says the same, and the next change writes it again."""
-        if not self._may_act():
-            return
-        try:
-            await self._transport.json_patch(pod_path(*key) + "/status", patch)
-        except (ApiError, ApiUnavailableError) as error:
-            log.debug("condition of pod %s/%s not written: %s", *key, error)
-
-    async def stop(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
-        await self._tasks.stop()
+        return True
