@@ -395,7 +395,13 @@ def condition_patch(pod: JSON, status: str, reason: str, message: str, at: str) 
                 {"op": "test", "path": f"/status/conditions/{index}/type", "value": CONDITION},
                 {"op": "replace", "path": f"/status/conditions/{index}", "value": condition},
             ]
-    return [same_pod, _add("/status/conditions/-", condition)]
+    # Appended only to the list as seen: a second append made from the same view (two
+    # passes before the watch showed the first) is refused, never a duplicate condition.
+    return [
+        same_pod,
+        {"op": "test", "path": "/status/conditions", "value": conditions},
+        _add("/status/conditions/-", condition),
+    ]
 
 
 # -- the operator's own reservation of a running pod --------------------------------------------
