@@ -240,14 +240,6 @@ class Gates(PodCalls):
             if is_gated(pod.obj):
                 self.poke(key)
 
-    def bound_to(self, namespace: str, pod: str) -> str | None:
-        """The node a claiming pod runs on, if any (a bound pod has no gate); what the
-        admission of its reservation reads, so from the facts kept, not the last event."""
-        seen = self._pods.get((namespace, pod))
-        if seen is None or seen.ended or is_finished(seen.obj):
-            return None
-        return seen.node
-
     def start(self) -> None:
         self.started = True
         self._check_unlisted()
