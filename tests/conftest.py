@@ -108,12 +108,24 @@ def _clean_namespace(core: client.CoreV1Api, name: str) -> None:
     core.delete_namespace(name)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test shows the end of each operator's log it started: a CI run keeps
+    nothing else, and a timeout alone does not say what the operator was doing."""
+    report: pytest.TestReport = yield
+    if report.failed and call.when == "call":
+        for number, process in enumerate(getattr(item, "headroom_operators", [])):
+            report.sections.append((f"operator {number} log (end)", process.tail(150)))
+    return report
+
+
 @pytest.fixture
 def run_operator(
-    control_plane: ControlPlane, crds: list[str], tmp_path: Path
+    request: pytest.FixtureRequest, control_plane: ControlPlane, crds: list[str], tmp_path: Path
 ) -> Iterator[Callable[..., OperatorProcess]]:
     """Start the operator as a subprocess with a config; stopped after the test."""
     started: list[OperatorProcess] = []
+    request.node.headroom_operators = started  # shown if the test fails
 
     def start(
         config: dict[str, Any] | None = None, wait_ready: bool = True, args: tuple[str, ...] = ()
