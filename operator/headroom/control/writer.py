@@ -85,6 +85,8 @@ class StatusWriter:
         self._on_gone, self._on_confirmed = on_gone, on_confirmed
         self._queued: FairQueue[str] = FairQueue()
         self._writing: dict[str, asyncio.Task[float | None]] = {}
+        # Ensured again while its write was in flight: written again when that one ends.
+        self._dirty: set[str] = set()
         self._retrying: dict[str, asyncio.TimerHandle] = {}
         self._backoffs: dict[str, Backoff] = {}
         self._beats_queued: FairQueue[str] = FairQueue()
@@ -98,7 +100,14 @@ class StatusWriter:
 
     def ensure(self, uid: str) -> None:
         """Make sure the object of ``uid`` ends up carrying its record's decision."""
-        if uid in self._writing or uid in self._queued or uid in self._retrying:
+        if uid in self._writing:
+            # The attempt in flight may have read, or even confirmed, the decision before
+            # this change; its end looks again (seen: an admission decided in the moment
+            # between a Queued write's answer and the end of its task, written only at
+            # the next resync, its gated pod held back meanwhile).
+            self._dirty.add(uid)
+            return
+        if uid in self._queued or uid in self._retrying:
             return  # each attempt reads the record again: it writes the newest truth
         record = self._state.records.get(uid)
         if record is None:
@@ -110,6 +119,7 @@ class StatusWriter:
     def forget(self, uid: str) -> None:
         """The object is gone: nothing more to write for it (a write in flight ends alone)."""
         self._maybe_written.discard(uid)
+        self._dirty.discard(uid)
         self._queued.discard(uid)
         self._backoffs.pop(uid, None)
         if (handle := self._retrying.pop(uid, None)) is not None:
@@ -127,6 +137,8 @@ class StatusWriter:
     def _attempted(self, uid: str, task: asyncio.Task[float | None]) -> None:
         """One attempt ended: done, again now, or again after a backoff (outside the limit)."""
         self._writing.pop(uid, None)
+        dirty = uid in self._dirty
+        self._dirty.discard(uid)
         again: float | None = None
         if not task.cancelled():
             if (error := task.exception()) is not None:  # a bug: the resync writes it again
@@ -140,6 +152,8 @@ class StatusWriter:
             record = self._state.records.get(uid)
             if record is None or record.confirmed:
                 self._maybe_written.discard(uid)
+            if dirty:
+                self.ensure(uid)
         elif again == _AGAIN_NOW:
             self.ensure(uid)
         else:
