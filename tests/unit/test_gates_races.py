@@ -30,6 +30,11 @@ or delays the one that makes the race.
   listed bound, its reservation made on its node, then the watch delivered its
   older ADDED (not yet bound), and the admission, reading that, queued the claim
   of a pod already running there behind its own memory request: for ever.
+- Owner-label patches that return out of order (seen on the real control plane under
+  load, test_pods_wait_gated_in_creation_order_and_go_when_one_finishes): each pod
+  was labelled before it queued for the placement lock, so the third pod's
+  reservation was made, and admitted, before the second's. A pod is labelled under
+  the lock, in the order the pods came.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from headroom.api.claims import pod_claim
 from headroom.api.config import OperatorConfig
 from headroom.api.constants import CLAIM_LABEL, OWNER_LABEL, RAM_ANNOTATION, SCHEDULING_GATE
 from headroom.control.controller import Controller
-from headroom.kube.transport import JSON, resource_path
+from headroom.kube.transport import JSON, Transport, resource_path
 from headroom.objects.pods import pod_reservation
 from headroom_dev.sim.fakeapi import FakeApiServer
 from headroom_dev.sim.loop import VirtualClock, run_virtual
@@ -253,6 +258,54 @@ def test_the_waiting_reservation_of_a_pod_that_ended_is_deleted() -> None:
         await deliver_reservations(server, controller)
         assert set(queued) == {"p"}
         assert server.reservations(NS) == []  # ...for a pod that has ended: deleted
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+class SlowPatchesOf:
+    """The operator's transport, with every patch of one path answered late."""
+
+    def __init__(self, inner: Transport, path: str, delay: float) -> None:
+        self._inner, self._path, self._delay = inner, path, delay
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def json_patch(self, path: str, operations: list[JSON]) -> JSON:
+        if path == self._path:
+            await asyncio.sleep(self._delay)
+        return await self._inner.json_patch(path, operations)
+
+
+def test_pods_are_reserved_in_the_order_they_came_whatever_their_label_patches_take() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=4096)  # a limit of 3072 MiB: room for two of three
+        for name in ("job-0", "job-1", "job-2"):  # not labelled as owners yet
+            body = {
+                "metadata": {
+                    "name": name,
+                    "labels": {CLAIM_LABEL: "true"},
+                    "annotations": {RAM_ANNOTATION: "1536Mi"},
+                },
+                "spec": {
+                    "containers": [{"name": "main", "image": "sim"}],
+                    "schedulingGates": [{"name": SCHEDULING_GATE}],
+                },
+            }
+            server.create(PODS, body)
+            await asyncio.sleep(1)  # created a second apart
+        transport = SlowPatchesOf(server.client("operator"), f"{PODS}/job-1", delay=3.0)
+        controller = Controller(
+            OperatorConfig(), transport, clock=VirtualClock(), follow_watches=False
+        )
+        await controller.start()
+        await asyncio.sleep(5)  # every patch answered
+        await deliver_reservations(server, controller)
+        phases = {r["metadata"]["name"]: r["status"]["phase"] for r in server.reservations(NS)}
+        assert phases == {"job-0": "Admitted", "job-1": "Admitted", "job-2": "Queued"}
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=600)

@@ -400,11 +400,15 @@ class Gates(PodCalls):
     async def _create(
         self, key: PodKey, seen: ClaimPod, claim: PodClaim, *, node: str | None = None
     ) -> None:
-        await self._label_owner(key, seen)
         if node is not None:  # already placed by the scheduler: nothing to choose
+            await self._label_owner(key, seen, self._call)
             await self._make(key, seen, claim, node, self._call)
             return
         async with self._creating:
+            # Labelled under the lock too: were it before, the creates would reach the
+            # decider in the order the label patches happened to return, not the order
+            # the pods came (seen under load: the third pod admitted before the second).
+            await self._label_owner(key, seen, self._once)
             now = self._clock.now()
             placement = choose_node(self._state, self._planned.values(), seen.obj, claim, now)
             node = placement.node
@@ -421,10 +425,10 @@ class Gates(PodCalls):
                 if not made:  # every exit that made nothing clears what it planned
                     self._planned.pop(key, None)
 
-    async def _label_owner(self, key: PodKey, seen: ClaimPod) -> None:
+    async def _label_owner(self, key: PodKey, seen: ClaimPod, call: Caller) -> None:
         if (seen.obj.get("metadata") or {}).get("labels", {}).get(OWNER_LABEL) == "true":
             return
-        await self._call(  # its deletion is then followed like any owner pod's
+        await call(  # its deletion is then followed like any owner pod's
             lambda: self._transport.json_patch(
                 pod_path(*key),
                 [
