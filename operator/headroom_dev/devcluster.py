@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
-import signal
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -29,7 +28,7 @@ from kubernetes import client
 from headroom_dev import reservations as rsv
 from headroom_dev.apply import api_client, install_crds
 from headroom_dev.controlplane import ControlPlane, bin_dir
-from headroom_dev.interrupts import LockHeldError, StopOnSignals, Stopped, hold_lock
+from headroom_dev.interrupts import StopOnSignals, hold_lock, run_holding
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 
@@ -128,25 +127,15 @@ def main(argv: list[str] | None = None, signals: StopOnSignals | None = None) ->
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--once", action="store_true", help="run the demo to its end and exit")
     args = parser.parse_args(argv)
-    try:
-        with hold_lock(DEV_DIR):
-            code = _run(args.once, signals)
-    except LockHeldError as held:
-        signals.shield()
-        print(
-            f"make dev: {held}; stop that one first (Ctrl-C in its terminal), "
-            "it removes its cluster as it stops",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 1
-    except Stopped as stopped:
-        code = stopped.exit_code
-    if signals.received is not None:
-        name = signal.Signals(signals.received).name
-        _say(f"make dev: stopped by {name}; {_CLEANED}")
-        return 128 + signals.received
-    return code
+    return run_holding(
+        "make dev",
+        hold_lock(DEV_DIR),
+        lambda: _run(args.once, signals),
+        signals,
+        cleaned=_CLEANED,
+        when_held="stop that one first (Ctrl-C in its terminal), it removes its cluster "
+        "as it stops",
+    )
 
 
 #: What a stop leaves: nothing of the run's (said once, on the line a stop prints).

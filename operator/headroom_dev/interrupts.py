@@ -21,6 +21,7 @@ import fcntl
 import importlib
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -120,6 +121,35 @@ def stop_cleanly(label: str, program: Callable[[], int], cleaned: str) -> int:
         return stopped.exit_code
     finally:
         signals.ignore()
+
+
+def run_holding(
+    label: str,
+    lock: contextlib.AbstractContextManager[None],
+    run: Callable[[], int],
+    signals: StopOnSignals,
+    *,
+    cleaned: str,
+    when_held: str,
+) -> int:
+    """Run ``run()`` holding ``lock`` (:func:`hold_lock`), for a harness that stops on a
+    signal (``make dev``, ``make cluster``). A second run refuses at once, touching
+    nothing: ``label: <the holder>; when_held`` on stderr, exit 1. A stop says so in one
+    line, ``label: stopped by SIGINT; cleaned``, and returns 128 + the first signal."""
+    try:
+        with lock:
+            code = run()
+    except LockHeldError as held:
+        signals.shield()
+        print(f"{label}: {held}; {when_held}", file=sys.stderr, flush=True)
+        return 1
+    except Stopped as stopped:
+        code = stopped.exit_code
+    if signals.received is not None:
+        name = signal.Signals(signals.received).name
+        print(f"{label}: stopped by {name}; {cleaned}", flush=True)
+        return 128 + signals.received
+    return code
 
 
 class LockHeldError(RuntimeError):

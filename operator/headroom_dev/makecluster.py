@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headroom_dev.interrupts import LockHeldError, StopOnSignals, Stopped, run_program
+from headroom_dev.interrupts import StopOnSignals, run_holding, run_program
 
 if TYPE_CHECKING:
     from headroom_dev.cluster import NodeCluster
@@ -57,24 +56,15 @@ def main(argv: list[str] | None = None, signals: StopOnSignals | None = None) ->
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--once", action="store_true", help="run the demo to its end and exit")
     args = parser.parse_args(argv)
-    try:
-        with hold_node():
-            code = _run(args.once, signals)
-    except LockHeldError as held:
-        signals.shield()
-        print(
-            f"{LABEL}: {held}; stop that one first (Ctrl-C in its terminal), "
-            "it tears its node down as it stops",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 1
-    except Stopped as stopped:
-        code = stopped.exit_code
-    if signals.received is not None:
-        _say(f"{LABEL}: stopped by {signal.Signals(signals.received).name}; {CLEANED}")
-        return 128 + signals.received
-    return code
+    return run_holding(
+        LABEL,
+        hold_node(),
+        lambda: _run(args.once, signals),
+        signals,
+        cleaned=CLEANED,
+        when_held="stop that one first (Ctrl-C in its terminal), it tears its node down "
+        "as it stops",
+    )
 
 
 def _run(once: bool, signals: StopOnSignals) -> int:
