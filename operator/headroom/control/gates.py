@@ -68,6 +68,7 @@ from headroom.control.telemetry import Telemetry
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, Transport, list_all
+from headroom.objects.nodeconstraints import may_run_on
 from headroom.objects.podreservations import (
     booked,
     differences,
@@ -77,7 +78,6 @@ from headroom.objects.pods import (
     condition_reason,
     is_finished,
     is_gated,
-    may_run_on,
     owning_pod_uid,
     pod_reservation,
 )
