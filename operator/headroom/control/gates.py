@@ -62,7 +62,8 @@ from headroom.api.parse import InvalidValueError
 from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
 from headroom.api.reasons import Phase, Reason
 from headroom.control.placement import choose_node
-from headroom.control.podcalls import Caller, ClaimPod, Known, PodCalls
+from headroom.control.podactions import ClaimPod, Known
+from headroom.control.podcalls import Caller, PodCalls
 from headroom.control.state import PodKey, Record, State, deliver_listed, pod_key
 from headroom.control.telemetry import Telemetry
 from headroom.kube.clock import Clock

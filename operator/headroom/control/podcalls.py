@@ -14,13 +14,13 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from headroom.api.constants import CLAIM_LABEL, RESERVATION_ANNOTATION, SCHEDULING_GATE
 from headroom.api.paths import pod_path, reservation_path
 from headroom.api.reasons import Reason
 from headroom.api.refs import ObjectRef
+from headroom.control.podactions import ClaimPod, Known
 from headroom.control.state import PodKey, Record, State
 from headroom.control.tasks import BackgroundTasks
 from headroom.control.telemetry import NoTelemetry, Telemetry
@@ -29,7 +29,6 @@ from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.objects.podreservations import (
-    Booked,
     gate_removal_patch,
     pod_condition,
 )
@@ -44,42 +43,12 @@ log = logging.getLogger(__name__)
 _CREATE_TIMEOUT = 10.0  # seconds one create may hold the placement lock
 
 
-@dataclass(frozen=True, slots=True)
-class Known:
-    """A pod-owned Reservation named as a pod: its uid, its owner's uid, what it books."""
-
-    uid: str
-    pod_uid: str
-    book: Booked
-
-
 #: How a call is made: ``PodCalls._call`` (retried) or ``PodCalls._once``.
 Caller = Callable[[Callable[[], Awaitable[JSON]]], Awaitable[JSON]]
 
 
 class DeposedError(Exception):
     """This process may no longer act (it lost the Lease): stop, write nothing."""
-
-
-@dataclass(slots=True)
-class ClaimPod:
-    """An opted-in pod as last seen, and where its gate stands."""
-
-    obj: JSON
-    uid: str
-    gated_at: float | None = None  # monotonic, when first seen gated
-    said: str = ""  # the last Event posted about it (one per state)
-    retry_after: float = 0.0  # monotonic; no new reservation before
-    retries: int = 0
-    refused: str = ""  # the uid of its last reservation seen finally refused
-    sent: tuple[str, ...] = ()  # the condition last written, and the pod version it saw
-    failures: int = 0  # API calls that failed in a row (its next try backs off)
-    seen_at: float = 0.0  # monotonic: when a watch (or the list asked then) showed it
-    # Facts that never go back for one incarnation, kept once seen: a watch event that
-    # lags a newer list may show the pod as it was (unbound, running) a moment later.
-    node: str | None = None  # the node it was bound to
-    ended: bool = False  # Succeeded or Failed
-    expired: bool = False  # ran, and its reservation was reclaimed Expired: no other one
 
 
 class PodCalls:
