@@ -47,7 +47,6 @@ class ClaimPod:
     retries: int = 0
     refused: str = ""  # the uid of its last reservation seen finally refused
     sent: tuple[str, ...] = ()  # the condition last written, and the pod version it saw
-    failures: int = 0  # API calls that failed in a row (its next try backs off)
     seen_at: float = 0.0  # monotonic: when a watch (or the list asked then) showed it
     # Facts that never go back for one incarnation, kept once seen: a watch event that
     # lags a newer list may show the pod as it was (unbound, running) a moment later.
