@@ -17,11 +17,10 @@ from headroom.api.limits import Limits
 from headroom.api.parse import InvalidValueError
 from headroom.api.reasons import Reason
 from headroom.ledger import Entry, Ledger
+from headroom.objects.nodeconstraints import NodeFacts, may_run_on
 from headroom.objects.pods import (
-    NodeFacts,
     condition_patch,
     is_gated,
-    may_run_on,
     owning_pod_uid,
     pinned_node,
     pod_reservation,

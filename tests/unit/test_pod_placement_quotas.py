@@ -18,8 +18,8 @@ from headroom.api.selectors import LabelSelector
 from headroom.control.placement import Placement, choose_node
 from headroom.control.state import State
 from headroom.ledger.quotas import QuotaRules
+from headroom.objects.nodeconstraints import NodeFacts
 from headroom.objects.pods import (
-    NodeFacts,
     active_deadline,
     condition_reason,
     pod_reservation,

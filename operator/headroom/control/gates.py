@@ -44,6 +44,12 @@ whatever was written before (a restart, a lost answer). A create is tried once w
 the placement lock is held; one that fails is tried again later with a per-pod
 backoff, so one namespace's failing creates never stall another's pods.
 
+It is a level-triggered reconciler, the way controller-runtime's are: every path
+above only adds the pod's key to a keyed work queue (:mod:`headroom.kube.workqueue`:
+deduped, one pass per pod at a time, again after a pass if changed during it, per-pod
+backoff); a pass reads what is known of the pod, asks the pure
+:func:`headroom.control.podactions.decide` for the one thing it needs, and does it.
+
 Names are deterministic, so "no pod gets two reservations" holds across restarts
 and races: a second create answers 409 and the existing one is adopted if it is
 this pod incarnation's.
@@ -56,31 +62,36 @@ import logging
 import random
 from collections.abc import Callable
 
-from headroom.api.claims import PodClaim, is_claim_pod, pod_claim
+from headroom.api.claims import PodClaim, is_claim_pod
 from headroom.api.constants import OWNER_LABEL
-from headroom.api.parse import InvalidValueError
 from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
-from headroom.api.reasons import Phase, Reason
+from headroom.api.reasons import Reason
 from headroom.control.placement import choose_node
-from headroom.control.podcalls import Caller, ClaimPod, Known, PodCalls
+from headroom.control.podactions import (
+    CALLS,
+    BackOff,
+    ClaimPod,
+    Condition,
+    Create,
+    Expire,
+    Known,
+    Later,
+    LetGo,
+    PodAction,
+    Reclaim,
+    Replace,
+    Say,
+    Ungate,
+    decide,
+)
+from headroom.control.podcalls import Caller, DeposedError, PodCalls
 from headroom.control.state import PodKey, Record, State, deliver_listed, pod_key
 from headroom.control.telemetry import Telemetry
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
-from headroom.kube.transport import JSON, ApiError, Transport, list_all
-from headroom.objects.podreservations import (
-    booked,
-    differences,
-)
-from headroom.objects.pods import (
-    bound_node,
-    condition_reason,
-    is_finished,
-    is_gated,
-    may_run_on,
-    owning_pod_uid,
-    pod_reservation,
-)
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
+from headroom.objects.podreservations import booked
+from headroom.objects.pods import bound_node, is_finished, is_gated, owning_pod_uid, pod_reservation
 
 log = logging.getLogger(__name__)
 #: The pods watch selects nothing: a pod our gate holds is followed whatever its labels
@@ -91,21 +102,6 @@ _RETRY_FIRST, _RETRY_CAP = 10.0, 300.0  # a new reservation after a refusal, per
 
 def _created(pod: JSON) -> str:
     return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
-
-
-def _over(record: Record) -> bool:
-    return record.decision.reason == Reason.OVER_COMMITTED
-
-
-def _expired(record: Record) -> bool:
-    return record.decision.phase == Phase.RECLAIMED and record.decision.reason == Reason.EXPIRED
-
-
-def _ran_out(seen: ClaimPod) -> bool:
-    """Whether the pod ran and its reservation was reclaimed Expired (seen now, or said in
-    its condition before a restart): it never gets another, or a quota's lifetime would
-    be renewed for as long as the pod runs."""
-    return seen.expired or condition_reason(seen.obj) == Reason.EXPIRED
 
 
 def _followed(pod: JSON) -> bool:
@@ -248,147 +244,61 @@ class Gates(PodCalls):
 
     # -- bringing a pod and its reservation into agreement --------------------------------------
 
-    def poke(self, key: PodKey) -> None:
-        """Do what the pod needs next, if anything (never more than one thing at a time)."""
+    async def _reconcile(self, key: PodKey) -> None:
+        """One pass of the pod's key: what is known of it, decided, done."""
         seen = self._pods.get(key)
-        if key in self._busy:
-            self._stirred.add(key)  # looked at again when the call in flight ends
-            return
         if seen is None or not self.started or not self._may_act():
             return
-        try:
-            self._step(key, seen)
-        except Exception:  # one pod must never stop the others
-            log.exception("pod %s/%s not handled", *key)
-
-    def _step(self, key: PodKey, seen: ClaimPod) -> None:
-        pod = seen.obj
-        record = self._record(key, seen)
-        if is_finished(pod):
-            if record is not None and record.held:
-                phase = (pod.get("status") or {}).get("phase")
-                self._reclaim(record, Reason.OWNER_POD_FINISHED, f"pod {key[1]} {phase}")
-            elif record is not None and record.confirmed and record.decision.phase == Phase.QUEUED:
-                self._run(key, self._replace(key, record.uid))  # waits for nobody: deleted
-            return
         known = self._reservations.get(key)
-        if known is not None and known.pod_uid != seen.uid:
-            # Left by an earlier pod of the same name (its owner is gone: the garbage
-            # collector deletes it too); this pod gets its own.
-            self._run(key, self._replace(key, known.uid))
-            return
-        if not is_claim_pod(pod):  # gated, but it claims nothing (any more)
-            self._run(key, self._let_go(key, seen, known))
-            return
+        record = self._record(known, seen)
+        action = decide(seen, known, record, self._state.node_facts, self._clock.monotonic())
         try:
-            claim = pod_claim(pod)
-        except InvalidValueError as error:
-            self._bad_claim(key, seen, known, str(error))
+            await self._do(key, seen, action)
+        except DeposedError:
+            return  # the next leader does it
+        except (ApiError, ApiUnavailableError) as error:
+            delay = self._queue.add_rate_limited(key)
+            log.warning("pod %s/%s: %s; tried again in %.1fs", *key, error, delay)
             return
-        wait = seen.retry_after - self._clock.monotonic()
-        if known is None and wait > 0:
-            self._later(key, wait)  # refused a moment ago: not again at once
-        elif is_gated(pod):
-            self._gated(key, seen, claim, known, record)
-        elif record is not None and record.confirmed and _expired(record):
-            self._say_ran_out(seen, record)
-        elif known is None and not _ran_out(seen) and (node := bound_node(pod)) is not None:
-            self._run(key, self._create(key, seen, claim, node=node))  # the webhook missed it
-        elif record is not None and record.confirmed and record.held:
-            if _over(record):
-                self._say(seen, "OverCommitted", record.decision.message, "Warning")
-            else:  # written again whenever the pod's condition says otherwise
-                self._condition(seen, "Admitted", self._admitted_message(pod, record))
+        if isinstance(action, CALLS):
+            self._queue.forget(key)
 
-    def _gated(
-        self,
-        key: PodKey,
-        seen: ClaimPod,
-        claim: PodClaim,
-        known: Known | None,
-        record: Record | None,
-    ) -> None:
-        if known is None:
-            self._run(key, self._create(key, seen, claim))
-            return
-        differ = differences(known.book, key[1], claim)
-        if differ:  # not what the operator makes for this claim: it lets nobody out
-            self._say(
-                seen,
-                "ReservationNameTaken",
-                f"the Reservation {key[1]}, owned by this pod, is not the one Headroom makes "
-                f"for its claim ({'; '.join(differ)}); delete it and one is made, or the pod "
-                "stays gated",
-                "Warning",
-            )
-            return
-        facts = self._state.node_facts.get(known.book.node)
-        if facts is not None and not may_run_on(seen.obj, facts):
-            # Its nodeSelector or affinity narrowed, or the node tainted or cordoned since
-            # it was placed: pinned there it would never be scheduled.
-            self._say(
-                seen,
-                "NodeUnsuitable",
-                f"node {known.book.node} no longer suits the pod (its node selector, "
-                "affinity or tolerations against the node's labels, taints and cordon); "
-                "its reservation there is released and it is placed again",
-            )
-            self._run(key, self._replace(key, known.uid))
-        elif record is not None and record.held and record.confirmed:
-            self._run(key, self._ungate(key, seen, record))
-        elif record is not None and record.confirmed:
-            self._refused(key, seen, claim, record)
+    async def _do(self, key: PodKey, seen: ClaimPod, action: PodAction) -> None:
+        match action:
+            case Say(reason, message, kind):
+                self._say(seen, reason, message, kind)
+            case Condition(reason, message):
+                self._condition(seen, reason, message)
+            case Reclaim(record, reason, message):
+                self._reclaim(record, reason, message)
+            case Replace(uid, say):
+                if say is not None:
+                    self._say(seen, say.reason, say.message, say.kind)
+                await self._replace(key, uid)
+            case LetGo(uid):
+                await self._let_go(key, seen, uid)
+            case Create(claim, node):
+                await self._create(key, seen, claim, node=node)
+            case Ungate(record):
+                await self._ungate(key, seen, record)
+            case Expire(say):
+                seen.expired = True
+                self._say(seen, say.reason, say.message, say.kind)
+            case BackOff(refused, say):
+                self._say(seen, say.reason, say.message, say.kind)
+                seen.refused = refused
+                self._backoff(seen)
+                self._queue.add_after(key, seen.retry_after - self._clock.monotonic())
+            case Later(delay, say):
+                if say is not None:
+                    self._say(seen, say.reason, say.message, say.kind)
+                self._queue.add_after(key, delay)
 
-    def _bad_claim(self, key: PodKey, seen: ClaimPod, known: Known | None, error: str) -> None:
-        if not is_gated(seen.obj):
-            self._say(seen, "BadClaim", f"{error}; not gated by Headroom", "Warning")
-            return
-        if known is not None:  # what it booked is no longer what it claims
-            self._run(key, self._replace(key, known.uid))
-        self._say(
-            seen,
-            "BadClaim",
-            f"{error}; it holds no reservation and stays gated until its claim is read",
-            "Warning",
-        )
-
-    def _record(self, key: PodKey, seen: ClaimPod) -> Record | None:
-        known = self._reservations.get(key)
+    def _record(self, known: Known | None, seen: ClaimPod) -> Record | None:
+        """The decision about the pod's reservation, if it was made for this incarnation."""
         if known is None or known.pod_uid != seen.uid:
             return None
         return self._state.records.get(known.uid)
-
-    def _say_ran_out(self, seen: ClaimPod, record: Record) -> None:
-        seen.expired = True
-        self._say(
-            seen,
-            "Expired",
-            f"reservation {record.name} {record.decision.message}, the lifetime its quota "
-            "gives; the pod gets no other reservation",
-            "Warning",
-        )
-
-    def _refused(self, key: PodKey, seen: ClaimPod, claim: PodClaim, record: Record) -> None:
-        decision = record.decision
-        if decision.phase == Phase.QUEUED:
-            where = f" at position {decision.position}" if decision.position else ""
-            self._say(
-                seen, "Waiting", f"waits for room on node {record.node}{where}: {decision.message}"
-            )
-            return
-        if decision.phase == Phase.RECLAIMED and decision.reason == Reason.OWNER_POD_FINISHED:
-            return
-        self._say(seen, str(decision.reason), decision.message, "Warning")
-        if decision.reason == Reason.WAIT_TIMEOUT and claim.wait is not None:
-            return  # its own wait ran out: it stays gated, and says why
-        if seen.refused != record.uid:  # first seen refused: it stays visible a while
-            seen.refused = record.uid
-            self._backoff(seen)
-        wait = seen.retry_after - self._clock.monotonic()
-        if wait > 0:
-            self._later(key, wait)
-            return
-        self._run(key, self._replace(key, record.uid))  # then a new one is made
 
     def _backoff(self, seen: ClaimPod) -> None:
         seen.retries += 1

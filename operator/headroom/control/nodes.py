@@ -29,8 +29,8 @@ from headroom.control.tasks import BackgroundTasks
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
+from headroom.objects.nodeconstraints import node_facts
 from headroom.objects.nodes import NodeCapacity, node_capacity
-from headroom.objects.pods import node_facts
 
 log = logging.getLogger(__name__)
 DELETED = "DELETED"

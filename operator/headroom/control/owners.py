@@ -16,11 +16,16 @@ name (a StatefulSet's) is a new owner, and the old one's reservations are releas
 A uid other than the owner's is the third thing that is not what it seems: a new
 incarnation, or a late event of an earlier one (a watch lagging a list); the pod
 is read before anything is released.
+
+Each pod's read runs on a keyed work queue (:mod:`headroom.kube.workqueue`): one read
+per pod at a time; a reason to read it again that comes while a read is in flight
+(a DELETED after the read was sent, say) reads it once more after, rather than being
+dropped; a read that got no answer is tried again after the pod's own backoff
+(0.2 s doubling to 10 s, jittered).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Callable
@@ -30,10 +35,10 @@ from headroom.api.paths import PODS, pod_path
 from headroom.api.reasons import Reason
 from headroom.api.refs import ObjectRef
 from headroom.control.state import POD, PodKey, Record, SeenPod, State, deliver_listed, pod_key
-from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
+from headroom.kube.workqueue import WorkQueue
 from headroom.objects.pods import is_gated, running_claim
 from headroom.objects.reservations import heartbeat_value, is_owner_pod
 
@@ -54,14 +59,23 @@ class Owners:
         reclaim: Callable[[Record, Reason, str], None],
         rng: random.Random,
     ) -> None:
-        self._state, self._transport, self._events, self._rng = state, transport, events, rng
+        self._state, self._transport, self._events = state, transport, events
         self._clock = clock
         self._observe, self._reclaim = observe, reclaim
         self._bad: dict[Key, str] = {}  # one BadHeartbeat Event per pod and bad value
-        self._checks: dict[Key, asyncio.Task[None]] = {}
+        self._checks: WorkQueue[Key] = WorkQueue(
+            self._check, clock=clock, rng=rng, base=0.2, cap=10.0, name="owner pod"
+        )
 
     def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
         """A labelled Pod from the watch (``listed_at`` None) or a snapshot from ``listed_at``."""
+        self._take(event_type, obj, listed_at=listed_at, read=False)
+
+    def _take(
+        self, event_type: str | None, obj: JSON, *, listed_at: float | None, read: bool
+    ) -> None:
+        """``read``: the pod as this module's own read of it showed it, which has just
+        released what another incarnation owned; it is not read again for that."""
         meta = obj.get("metadata") or {}
         key = pod_key(obj)
         uid, state = str(meta.get("uid", "")), self._state
@@ -80,7 +94,7 @@ class Owners:
                 record.pod_uid = uid  # first seen after a start
             elif record.pod_uid != uid:
                 other = True
-        if other:
+        if other and not read:
             # Deleted and created again under the same name, or only a late event of an
             # earlier pod of that name: the pod is read, and only that one's owners go.
             self.check_gone(key)
@@ -106,44 +120,40 @@ class Owners:
 
     def check_gone(self, key: Key) -> None:
         """Read the pod; if it is gone, its reservations are released."""
-        if key not in self._checks:
-            task = asyncio.create_task(self._check(key), name=f"owner-{key[1]}")
-            self._checks[key] = task
-            task.add_done_callback(lambda _: self._checks.pop(key, None))
+        self._checks.add(key)
 
     async def _check(self, key: Key) -> None:
-        backoff = Backoff(base=0.2, cap=10.0, rng=self._rng)
-        while True:
-            asked = self._clock.monotonic()
-            try:
-                pod = await self._transport.get(pod_path(*key))
-            except ApiError as error:
-                if error.not_found:
-                    for record in self._state.owners_of(key):
-                        gone = f"owner pod {key[1]} is gone"
-                        self._reclaim(record, Reason.OWNER_POD_DELETED, gone)
-                    return
-                failure: Exception = error
-            except ApiUnavailableError as error:
-                failure = error
-            else:
-                uid = (pod.get("metadata") or {}).get("uid")
+        asked = self._clock.monotonic()
+        try:
+            pod = await self._transport.get(pod_path(*key))
+        except ApiError as error:
+            if error.not_found:
+                self._checks.forget(key)
                 for record in self._state.owners_of(key):
-                    if record.pod_uid is not None and record.pod_uid != uid:
-                        replaced = f"owner pod {key[1]} was replaced"
-                        self._reclaim(record, Reason.OWNER_POD_DELETED, replaced)
-                if is_owner_pod(pod):
-                    self.on_pod(None, pod, listed_at=asked)
-                else:
-                    log.info(
-                        "owner pod %s/%s lost its label; its reservations stay, and its "
-                        "heartbeat is read when one would go stale",
-                        *key,
-                    )
+                    gone = f"owner pod {key[1]} is gone"
+                    self._reclaim(record, Reason.OWNER_POD_DELETED, gone)
                 return
-            delay = backoff.next()
-            log.warning("owner pod %s/%s not read (%s); again in %.1fs", *key, failure, delay)
-            await asyncio.sleep(delay)
+            failure: Exception = error
+        except ApiUnavailableError as error:
+            failure = error
+        else:
+            self._checks.forget(key)
+            uid = (pod.get("metadata") or {}).get("uid")
+            for record in self._state.owners_of(key):
+                if record.pod_uid is not None and record.pod_uid != uid:
+                    replaced = f"owner pod {key[1]} was replaced"
+                    self._reclaim(record, Reason.OWNER_POD_DELETED, replaced)
+            if is_owner_pod(pod):
+                self._take(None, pod, listed_at=asked, read=True)
+            else:
+                log.info(
+                    "owner pod %s/%s lost its label; its reservations stay, and its "
+                    "heartbeat is read when one would go stale",
+                    *key,
+                )
+            return
+        delay = self._checks.add_rate_limited(key)
+        log.warning("owner pod %s/%s not read (%s); again in %.1fs", *key, failure, delay)
 
     async def relist(self) -> str:
         """All labelled pods again: the pod watch's relist, and part of every resync."""
@@ -164,8 +174,4 @@ class Owners:
                 self.check_gone(key)
 
     async def stop(self) -> None:
-        tasks = list(self._checks.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=2.0)
+        await self._checks.shut_down()

@@ -30,7 +30,8 @@ from headroom.api.reasons import Reason
 from headroom.control.state import State
 from headroom.kube.transport import JSON
 from headroom.ledger.entry import Entry, Owner
-from headroom.objects.pods import may_run_on, pod_wait
+from headroom.objects.nodeconstraints import may_run_on
+from headroom.objects.pods import pod_wait
 
 #: What was created for a pod and is not decided yet: (node, RAM MiB, VRAM MiB).
 Planned = tuple[str, int, int]

@@ -1,11 +1,13 @@
-"""The API calls of pod gating, and the plumbing that runs them one pod at a time.
+"""The API calls of pod gating, run from the pods' keyed work queue.
 
-Split from :mod:`headroom.control.gates`, which decides what a pod needs next; this
+Split from :mod:`headroom.control.gates` (the reconcile of one pod key) and
+:mod:`headroom.control.podactions` (what a pod needs next, decided purely); this
 module does it: delete a reservation the pod cannot use, pin and ungate, let a pod
-that claims nothing go, write the pod's condition. Per pod, at most one call is in
-flight (``_run``); a change seen meanwhile makes the pod looked at again when it
-ends, and a call that failed is tried again after a per-pod backoff, so one pod's
-trouble never holds up another's.
+that claims nothing go, write the pod's condition. The queue
+(:class:`headroom.kube.workqueue.WorkQueue`) runs one pass per pod at a time: a
+change seen meanwhile makes the pod looked at again when the pass ends, and a pass
+whose call failed is tried again after the pod's own backoff, so one pod's trouble
+never holds up another's.
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Literal
 
-from headroom.api.constants import CLAIM_LABEL, RESERVATION_ANNOTATION, SCHEDULING_GATE
+from headroom.api.constants import CLAIM_LABEL, SCHEDULING_GATE
 from headroom.api.paths import pod_path, reservation_path
 from headroom.api.reasons import Reason
 from headroom.api.refs import ObjectRef
+from headroom.control.podactions import ClaimPod, Known, admitted_message
 from headroom.control.state import PodKey, Record, State
 from headroom.control.tasks import BackgroundTasks
 from headroom.control.telemetry import NoTelemetry, Telemetry
@@ -28,8 +30,8 @@ from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
+from headroom.kube.workqueue import WorkQueue
 from headroom.objects.podreservations import (
-    Booked,
     gate_removal_patch,
     pod_condition,
 )
@@ -44,42 +46,12 @@ log = logging.getLogger(__name__)
 _CREATE_TIMEOUT = 10.0  # seconds one create may hold the placement lock
 
 
-@dataclass(frozen=True, slots=True)
-class Known:
-    """A pod-owned Reservation named as a pod: its uid, its owner's uid, what it books."""
-
-    uid: str
-    pod_uid: str
-    book: Booked
-
-
 #: How a call is made: ``PodCalls._call`` (retried) or ``PodCalls._once``.
 Caller = Callable[[Callable[[], Awaitable[JSON]]], Awaitable[JSON]]
 
 
 class DeposedError(Exception):
     """This process may no longer act (it lost the Lease): stop, write nothing."""
-
-
-@dataclass(slots=True)
-class ClaimPod:
-    """An opted-in pod as last seen, and where its gate stands."""
-
-    obj: JSON
-    uid: str
-    gated_at: float | None = None  # monotonic, when first seen gated
-    said: str = ""  # the last Event posted about it (one per state)
-    retry_after: float = 0.0  # monotonic; no new reservation before
-    retries: int = 0
-    refused: str = ""  # the uid of its last reservation seen finally refused
-    sent: tuple[str, ...] = ()  # the condition last written, and the pod version it saw
-    failures: int = 0  # API calls that failed in a row (its next try backs off)
-    seen_at: float = 0.0  # monotonic: when a watch (or the list asked then) showed it
-    # Facts that never go back for one incarnation, kept once seen: a watch event that
-    # lags a newer list may show the pod as it was (unbound, running) a moment later.
-    node: str | None = None  # the node it was bound to
-    ended: bool = False  # Succeeded or Failed
-    expired: bool = False  # ran, and its reservation was reclaimed Expired: no other one
 
 
 class PodCalls:
@@ -102,13 +74,19 @@ class PodCalls:
         self._telemetry = telemetry or NoTelemetry()
         self._pods: dict[PodKey, ClaimPod] = {}
         self._reservations: dict[PodKey, Known] = {}
-        self._busy: set[PodKey] = set()  # a create or an ungate is in flight
-        self._stirred: set[PodKey] = set()  # something changed while it was
-        self._tasks = BackgroundTasks()
-        self._timers: dict[PodKey, asyncio.TimerHandle] = {}
+        self._tasks = BackgroundTasks()  # condition writes and checks of pods gone
+        # Per-pod failures back off 1 s doubling to 30 s, jittered.
+        self._queue: WorkQueue[PodKey] = WorkQueue(
+            self._reconcile, clock=clock, rng=rng, base=1.0, cap=30.0, name="gated pod"
+        )
         self.started = False  # nothing is done before the ledger is rebuilt
 
     def poke(self, key: PodKey) -> None:
+        """Look at the pod again: its key goes on the work queue."""
+        if self.started:
+            self._queue.add(key)
+
+    async def _reconcile(self, key: PodKey) -> None:
         raise NotImplementedError
 
     def reservation_gone(self, uid: str) -> None:
@@ -149,11 +127,12 @@ class PodCalls:
                 raise
         self.reservation_gone(uid)
 
-    async def _let_go(self, key: PodKey, seen: ClaimPod, known: Known | None) -> None:
+    async def _let_go(self, key: PodKey, seen: ClaimPod, uid: str | None) -> None:
         """A pod our gate holds that claims nothing (its label removed, or never there):
-        whatever it booked is released, and our gate goes, so it schedules as any pod."""
-        if known is not None:
-            await self._replace(key, known.uid)
+        whatever it booked (reservation ``uid``) is released, and our gate goes, so it
+        schedules as any pod."""
+        if uid is not None:
+            await self._replace(key, uid)
         operations = gate_removal_patch(seen.obj)
         if operations is None:
             return
@@ -171,7 +150,7 @@ class PodCalls:
             if error.not_found:
                 return
             await self._fresh(key)  # a stale view (the gates moved): again, from the pod now
-            self._stirred.add(key)
+            self._queue.add(key)
 
     async def _ungate(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
         devices = record.decision.devices
@@ -192,7 +171,7 @@ class PodCalls:
                 if again != operations:
                     # Sent from a stale view (another controller moved the gates, say):
                     # not a refusal. Again, from the pod as it is now.
-                    self._stirred.add(key)
+                    self._queue.add(key)
                     return
                 self._telemetry.ungate_failed(error.reason or str(error.status))
                 why = f"pod {key[1]} could not be pinned to {record.node} and ungated: "
@@ -202,7 +181,7 @@ class PodCalls:
         seen.obj = pod
         if seen.gated_at is not None:
             self._telemetry.ungated(self._clock.monotonic() - seen.gated_at)
-        self._say(seen, "Admitted", self._admitted_message(pod, record))
+        self._say(seen, "Admitted", admitted_message(pod, record))
 
     async def _fresh(self, key: PodKey) -> JSON | None:
         try:
@@ -242,69 +221,6 @@ class PodCalls:
             return await asyncio.wait_for(call(), _CREATE_TIMEOUT)
         except TimeoutError as error:
             raise ApiUnavailableError(f"no answer in {_CREATE_TIMEOUT:.0f}s") from error
-
-    def _admitted_message(self, pod: JSON, record: Record) -> str:
-        devices = record.decision.devices
-        on = f"; GPU devices {','.join(sorted(devices))}" if devices else ""
-        if RESERVATION_ANNOTATION not in ((pod.get("metadata") or {}).get("annotations") or {}):
-            return f"recorded on node {record.node}, where it runs; reservation {record.name}{on}"
-        return f"pinned to node {record.node}; reservation {record.name}{on}"
-
-    # -- plumbing -----------------------------------------------------------------------------
-
-    def _run(self, key: PodKey, coroutine: Coroutine[Any, Any, None]) -> None:
-        self._busy.add(key)
-
-        async def one_at_a_time() -> None:
-            delay = 0.0
-            try:
-                await coroutine
-            except DeposedError:
-                self._busy.discard(key)
-                return  # the next leader does it
-            except (ApiError, ApiUnavailableError) as error:
-                delay = self._failed(key)
-                log.warning("pod %s/%s: %s; tried again in %.1fs", *key, error, delay)
-            except Exception:
-                log.exception("pod %s/%s not handled", *key)
-            else:
-                self._succeeded(key)
-            finally:
-                self._busy.discard(key)
-            if delay > 0:
-                self._stirred.discard(key)
-                self._later(key, delay)
-            elif key in self._stirred:
-                self._stirred.discard(key)
-                self.poke(key)
-
-        self._tasks.spawn(one_at_a_time())
-
-    def _failed(self, key: PodKey) -> float:
-        """The pod's next try: backed off per pod (0.5 s doubling to 30 s, jittered)."""
-        seen = self._pods.get(key)
-        failures = 0
-        if seen is not None:
-            seen.failures += 1
-            failures = seen.failures
-        ceiling = min(30.0, 0.5 * 2.0 ** min(failures, 10))
-        return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
-
-    def _succeeded(self, key: PodKey) -> None:
-        seen = self._pods.get(key)
-        if seen is not None:
-            seen.failures = 0
-
-    def _later(self, key: PodKey, delay: float) -> None:
-        if key in self._timers:
-            return
-        loop = asyncio.get_running_loop()
-
-        def again() -> None:
-            self._timers.pop(key, None)
-            self.poke(key)
-
-        self._timers[key] = loop.call_later(delay, again)
 
     def _say(
         self,
@@ -349,7 +265,5 @@ class PodCalls:
             log.debug("condition of pod %s/%s not written: %s", *key, error)
 
     async def stop(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        await self._queue.shut_down()
         await self._tasks.stop()

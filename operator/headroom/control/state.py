@@ -28,7 +28,8 @@ from headroom.api.limits import Limits
 from headroom.api.reasons import Phase
 from headroom.ledger import Ledger
 from headroom.logs import about
-from headroom.objects.pods import NodeFacts, RunningClaim
+from headroom.objects.nodeconstraints import NodeFacts
+from headroom.objects.pods import RunningClaim
 from headroom.objects.stamp import Stamper
 from headroom.objects.status import Decision
 
