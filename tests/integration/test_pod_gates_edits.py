@@ -205,7 +205,10 @@ def test_a_pod_narrowed_off_its_node_while_it_waits_is_placed_again(
     core.patch_namespaced_pod("mover", namespace, narrowed)
 
     def moved() -> None:
-        assert rsv.get(custom, namespace, "mover")["spec"]["node"] == nodes[other]
+        # Between the old one's deletion and the new one's creation there is none.
+        names = {r["metadata"]["name"]: r for r in rsv.list_all(custom, namespace)}
+        assert "mover" in names, "not made again yet"
+        assert names["mover"]["spec"]["node"] == nodes[other]
 
     eventually(moved, timeout=20)
     finish(core, namespace, f"f{other}")
