@@ -7,6 +7,9 @@ to the step that broke it and played on the real API server:
   never written again while nothing about the pod changed: a pod that can go
   nowhere, or whose reservation was refused, said nothing, or the wrong thing,
   for ever (seeds 4, 32 and 136 of the simulation);
+- a gated pod whose size was changed while it waited kept the reservation made for
+  its old size, which it could never use, and stayed gated for ever, saying
+  ``ReservationNameTaken`` (seed 29).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from kubernetes import client
 
 from headroom.api.config import parse_config
 from headroom.control.controller import Controller
+from headroom_dev import reservations as rsv
 from headroom_dev.faults import FaultyTransport, Rule
+from headroom_dev.operator import OperatorProcess
 from tests.integration.polling import eventually
-from tests.integration.test_pod_gates import claim_pod, pool_nodes
+from tests.integration.test_pod_gates import _said, claim_pod, pinned_to, pool_nodes, wait_ungated
 from tests.integration.test_pod_gates_edits import inprocess, ours
 
 __all__ = ["inprocess"]  # the fixture, used here
@@ -61,3 +66,31 @@ async def test_a_gated_pods_condition_lost_to_a_failed_write_is_written_again(
 
     # Within a few of its passes (resync 2 s, the per-pod backoff): not only if it changes.
     await asyncio.to_thread(eventually, said_why, timeout=20)
+
+
+def test_a_gated_pod_resized_while_it_waits_is_placed_for_its_new_size(
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    pool, nodes = pool_nodes(make_node, core, only="8Gi")
+    run_operator()
+    core.create_namespaced_pod(namespace, claim_pod("big", pool, "5Gi"))
+    wait_ungated(core, namespace, "big")
+    core.create_namespaced_pod(namespace, claim_pod("p", pool, "4Gi"))
+    waiting = rsv.wait_for(custom, namespace, "p", phases=("Queued",))
+    assert waiting["spec"]["ramMB"] == 4096
+
+    # Its owner asks for less while it waits (annotations may change on a gated pod).
+    core.patch_namespaced_pod(
+        "p", namespace, {"metadata": {"annotations": {"headroom.dev/ram": "1Gi"}}}
+    )
+
+    pod = wait_ungated(core, namespace, "p")
+    assert pinned_to(pod) == [nodes["only"]]
+    held = rsv.wait_for(custom, namespace, "p", phases=("Admitted",))
+    assert held["spec"]["ramMB"] == 1024
+    assert held["metadata"]["uid"] != waiting["metadata"]["uid"]
+    _said(core, namespace, "p", "ClaimChanged", "ramMB 4096, not 1024")

@@ -24,7 +24,9 @@ confirmed, the resync):
   so it schedules as any pod (``NotClaimed``); labelled but its claim unreadable:
   what it booked is deleted and it stays gated until the claim reads (``BadClaim``);
 - gated, with a reservation owned by it and named as it that is not what this
-  module writes for its claim: it says so and stays gated (``ReservationNameTaken``);
+  module writes for its claim: one of its shape for another size, devices or node
+  (made before the pod was edited) is deleted and one made for the claim
+  (``ClaimChanged``); another says so and stays gated (``ReservationNameTaken``);
   one on a node its constraints no longer allow (narrowed, tainted, cordoned) is
   deleted, and the pod placed again (``NodeUnsuitable``);
 - gated, its reservation finally refused (its wait ran out): shown on the pod; a
@@ -71,6 +73,7 @@ from headroom.kube.transport import JSON, ApiError, Transport, list_all
 from headroom.objects.podreservations import (
     booked,
     differences,
+    for_another_claim,
 )
 from headroom.objects.pods import (
     bound_node,
@@ -312,6 +315,15 @@ class Gates(PodCalls):
             self._run(key, self._create(key, seen, claim))
             return
         differ = differences(known.book, key[1], claim)
+        if differ and for_another_claim(known.book, key[1]):  # its claim was edited
+            self._say(
+                seen,
+                "ClaimChanged",
+                f"the Reservation {key[1]} was made for another claim ({'; '.join(differ)}); "
+                "it is released and one made for the pod's claim now",
+            )
+            self._run(key, self._replace(key, known.uid))
+            return
         if differ:  # not what the operator makes for this claim: it lets nobody out
             self._say(
                 seen,
