@@ -9,7 +9,12 @@ to the step that broke it and played on the real API server:
   for ever (seeds 4, 32 and 136 of the simulation);
 - a gated pod whose size was changed while it waited kept the reservation made for
   its old size, which it could never use, and stayed gated for ever, saying
-  ``ReservationNameTaken`` (seed 29).
+  ``ReservationNameTaken`` (seed 29);
+- a gated pod's reservation waiting for its quota stayed Queued for its whole wait
+  (24 hours by default) after the admin changed the quota so that it could never be
+  admitted (a nodeSelector without its node, a maxWait under its wait), saying
+  ``Waiting`` with the quota's old figures, while pods created after it were told
+  why (seed 325).
 """
 
 from __future__ import annotations
@@ -22,14 +27,16 @@ from kubernetes import client
 
 from headroom.api.config import parse_config
 from headroom.control.controller import Controller
+from headroom_dev import quotas as hq
 from headroom_dev import reservations as rsv
 from headroom_dev.faults import FaultyTransport, Rule
 from headroom_dev.operator import OperatorProcess
 from tests.integration.polling import eventually
 from tests.integration.test_pod_gates import _said, claim_pod, pinned_to, pool_nodes, wait_ungated
 from tests.integration.test_pod_gates_edits import inprocess, ours
+from tests.integration.test_pod_gates_quotas import FAST, quota
 
-__all__ = ["inprocess"]  # the fixture, used here
+__all__ = ["inprocess", "quota"]  # the fixtures, used here
 
 
 async def test_a_gated_pods_condition_lost_to_a_failed_write_is_written_again(
@@ -94,3 +101,34 @@ def test_a_gated_pod_resized_while_it_waits_is_placed_for_its_new_size(
     assert held["spec"]["ramMB"] == 1024
     assert held["metadata"]["uid"] != waiting["metadata"]["uid"]
     _said(core, namespace, "p", "ClaimChanged", "ramMB 4096, not 1024")
+
+
+def test_a_pods_reservation_waiting_for_its_quota_is_refused_once_the_quota_forbids_it(
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    quota: Callable[..., str],
+) -> None:
+    pool, nodes = pool_nodes(make_node, core, only="16Gi")
+    name = quota(ramMB=4096)
+    run_operator(FAST)
+    core.create_namespaced_pod(namespace, claim_pod("first", pool, "3Gi"))
+    wait_ungated(core, namespace, "first")
+    core.create_namespaced_pod(namespace, claim_pod("p", pool, "2Gi"))
+    waiting = rsv.wait_for(custom, namespace, "p", phases=("Queued",))
+    assert waiting["status"]["reason"] == "QuotaExceeded"
+
+    # The admin keeps the namespace off that node from now on: p can never go there.
+    hq.patch_spec(custom, name, nodeSelector={"matchLabels": {"pool": "elsewhere"}})
+
+    refused = rsv.wait_for(custom, namespace, "p", phases=("Rejected",), timeout=20)
+    assert refused["metadata"]["uid"] == waiting["metadata"]["uid"]
+    assert refused["status"]["reason"] == "NodeNotAllowed"
+    assert f"node {nodes['only']} is outside spec.nodeSelector" in refused["status"]["message"]
+
+    def told() -> None:
+        assert ours(core, namespace, "p") == [("False", "NodeNotAllowed")]
+
+    eventually(told, timeout=20)
