@@ -77,6 +77,19 @@ def test_seeded_schedules_keep_every_promise() -> None:
         "Admitted/OverCommitted",
         "pod-hand-made-reservation",
         "gc-delete",
+        # gated pods edited (headroom_dev.sim.pods; issue 29): unlabelled and let go, claim
+        # unreadable, resized, narrowed; their node cordoned or tainted; quota lifetimes
+        # ending them; the clocked promises (headroom_dev.sim.podpromises) judged
+        "pod-edit-unclaim",
+        "pod-let-go",
+        "pod-edit-unreadable",
+        "pod-edit-resize",
+        "pod-edit-narrow",
+        "pod-node-cordon",
+        "pod-node-taint",
+        "pod-deadline-exceeded",
+        "pod-ran-out",
+        "pod-condition-checked",
         # quotas (headroom_dev.sim.quotachecks): decided under them, changed, deleted
         "admitted-under-quota",
         "Rejected/QuotaExceeded",
