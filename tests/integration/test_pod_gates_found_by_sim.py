@@ -14,7 +14,10 @@ to the step that broke it and played on the real API server:
   (24 hours by default) after the admin changed the quota so that it could never be
   admitted (a nodeSelector without its node, a maxWait under its wait), saying
   ``Waiting`` with the quota's old figures, while pods created after it were told
-  why (seed 325).
+  why (seed 325);
+- a gated pod narrowed (nodeSelector) between the operator's last look and its
+  ungate patch (a retry of it, say) was ungated pinned to a node it may not run on,
+  and its reservation then released: it never ran, and held nothing (seed 1442).
 """
 
 from __future__ import annotations
@@ -32,7 +35,15 @@ from headroom_dev import reservations as rsv
 from headroom_dev.faults import FaultyTransport, Rule
 from headroom_dev.operator import OperatorProcess
 from tests.integration.polling import eventually
-from tests.integration.test_pod_gates import _said, claim_pod, pinned_to, pool_nodes, wait_ungated
+from tests.integration.test_pod_gates import (
+    GATE,
+    _said,
+    claim_pod,
+    gates_of,
+    pinned_to,
+    pool_nodes,
+    wait_ungated,
+)
 from tests.integration.test_pod_gates_edits import inprocess, ours
 from tests.integration.test_pod_gates_quotas import FAST, quota
 
@@ -132,3 +143,38 @@ def test_a_pods_reservation_waiting_for_its_quota_is_refused_once_the_quota_forb
         assert ours(core, namespace, "p") == [("False", "NodeNotAllowed")]
 
     eventually(told, timeout=20)
+
+
+async def test_a_pod_narrowed_while_its_ungate_is_retried_is_not_ungated_where_it_cannot_run(
+    inprocess: tuple[FaultyTransport, list[Controller]],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    namespace: str,
+) -> None:
+    transport, started = inprocess
+    pool, _ = await asyncio.to_thread(pool_nodes, make_node, core, only="8Gi")
+    config = parse_config("{sweepPeriod: 100ms, summaryInterval: 100ms, resyncPeriod: 1h}")
+    controller = Controller(config, transport)
+    started.append(controller)
+    pod_path = f"/namespaces/{namespace}/pods/p"
+    failing = transport.add(Rule("PATCH", pod_path, "refuse-500"))  # a busy API server
+    await controller.start()
+    body = claim_pod("p", pool, "1Gi")
+    body["metadata"]["labels"]["headroom.dev/owner"] = "true"  # as the webhook leaves it
+    await asyncio.to_thread(core.create_namespaced_pod, namespace, body)
+
+    def ungate_tried() -> None:
+        assert ("PATCH", f"/api/v1{pod_path}") in transport.calls
+
+    await asyncio.to_thread(eventually, ungate_tried, timeout=20)
+    # Narrowed while the operator retries its ungate: no node carries that label.
+    narrow = {"spec": {"nodeSelector": {"zone": "nowhere"}}}
+    await asyncio.to_thread(core.patch_namespaced_pod, "p", namespace, narrow)
+    failing.times = 0  # the API server answers again
+
+    def told_nowhere() -> None:
+        assert ours(core, namespace, "p") == [("False", "NoNode")]
+
+    await asyncio.to_thread(eventually, told_nowhere, timeout=30)
+    pod = await asyncio.to_thread(core.read_namespaced_pod, "p", namespace)
+    assert gates_of(pod) == [GATE]
