@@ -222,7 +222,7 @@ class _Schedule:
 
     def disturbed(self) -> None:
         self._disturbed_at = self.now()
-        self.pod_checker.promises.moved()  # an operator's start may rightly place pods again
+        self.pod_checker.promises.moved(restart=True)  # a start may rightly place pods again
 
     def steady_since(self) -> float | None:
         """Since when one operator has run undisturbed (no crash, start, pause or

@@ -217,10 +217,12 @@ class PodChecker:
             if gated(pod):
                 if held:
                     self.fail(f"pod {_key(pod)}: its reservation is Admitted, but it stays gated")
-                elif (
-                    queued
-                    and room.stuck(queued[0], reservations, strict=strict)
-                    and _quotas_allow(queued[0], reservations, quotas, namespaces or {})
+                elif queued and room.stuck(
+                    queued[0],
+                    reservations,
+                    strict=strict,
+                    quota_allows=lambda r: _quotas_allow(r, reservations, quotas, namespaces or {}),
+                    sharing=lambda a, b: _share(a, b, quotas, namespaces or {}),
                 ):
                     self.fail(
                         f"pod {_key(pod)} waits on {queued[0]['spec']['node']}, which has room"
@@ -290,6 +292,17 @@ def _governing(
     ]
 
 
+def _share(
+    namespace: str,
+    other: str,
+    quotas: Sequence[JSON],
+    namespaces: dict[str, dict[str, str]],
+) -> bool:
+    """Whether two namespaces are one, or a quota governs both."""
+    mine = _governing(namespace, quotas, namespaces)
+    return namespace == other or any(q in mine for q in _governing(other, quotas, namespaces))
+
+
 def _quotas_allow(
     queued: JSON,
     reservations: list[JSON],
@@ -357,12 +370,37 @@ class _Room:
             return None
         return limit - self._held.get(node, 0) - self._requested.get(node, 0)
 
-    def stuck(self, queued: JSON, reservations: list[JSON], *, strict: bool) -> bool:
+    def stuck(
+        self,
+        queued: JSON,
+        reservations: list[JSON],
+        *,
+        strict: bool,
+        quota_allows: Callable[[JSON], bool],
+        sharing: Callable[[str, str], bool],
+    ) -> bool:
+        """Whether ``queued`` could go now: its node and its quotas have room for it (under
+        StrictFIFO, for the one that goes first there: the oldest not waiting for its
+        quota, nor behind an older one of a namespace sharing a quota that does)."""
         node = queued["spec"]["node"]
         if strict:  # only the oldest waiting there may go
-            waiting = [
-                r for r in reservations if _phase(r) == "Queued" and r["spec"]["node"] == node
-            ]
-            queued = min(waiting, key=lambda r: (r["metadata"]["creationTimestamp"], _key(r)))
+            waiting = sorted(
+                (r for r in reservations if _phase(r) == "Queued" and r["spec"]["node"] == node),
+                key=lambda r: (r["metadata"]["creationTimestamp"], _key(r)),
+            )
+            held_back: list[str] = []  # namespaces whose quota's head waits for it
+            for head in waiting:
+                namespace = head["metadata"]["namespace"]
+                if any(sharing(namespace, other) for other in held_back):
+                    continue
+                if not quota_allows(head):
+                    held_back.append(namespace)
+                    continue
+                queued = head
+                break
+            else:
+                return False
+        elif not quota_allows(queued):
+            return False
         free = self.free(node)
         return free is not None and int(queued["spec"].get("ramMB", 0)) <= free

@@ -9,11 +9,13 @@ module checks what needs a clock (the schedule's: virtual seconds), at every cha
   reservation released) within ``RESYNC + SLACK`` of the later of the admission
   and the moment the operator was last steady (a leader running, nothing paused,
   no outage: a crash, a takeover, a pause or an outage starts the clock again);
-- **no create/delete loop**: after any change that may rightly move a pod (its
-  edit, a node's change, a quota's change, an operator's start), the operator
-  makes at most ``1 + log2(1 + t / RETRY_FIRST)`` reservations for it in the next
-  ``t`` seconds (+1 for a node change racing its decision): the first, then one per
-  refusal, each after a backoff that starts at ``RETRY_FIRST`` and doubles;
+- **no create/delete loop**: ``t`` seconds after a pod was created, at most
+  ``2 + m + (1 + r) * log2(1 + t / RETRY_FIRST)`` reservations were made for it,
+  where ``m`` counts what moved meanwhile (a node, a quota, an operator, an edit of
+  the pod: each may rightly have it placed again, even seen late, all at once) and
+  ``r`` the operator's restarts: the first, one per move, and one per refusal, each
+  after a backoff that starts at ``RETRY_FIRST`` and doubles (from scratch in a new
+  operator), +1 for a decision racing a move;
 - **an Expired pod gets no other**: once a pod's reservation is reclaimed ``Expired``
   (its quota's lifetime), nothing is made for that pod again;
 - **the condition says the truth after a crash**: once the operator has been steady
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from headroom.api.constants import NODE_ANNOTATION, RAM_ANNOTATION
@@ -126,9 +129,10 @@ class PodPromises:
     ) -> None:
         self.fail, self.count, self.now, self.steady_since = fail, count, now, steady_since
         self._admitted_gated: dict[str, tuple[float, Key]] = {}  # pod uid -> since, its key
-        self._moved_at: float = 0.0  # the last change that may move any pod (node, quota, start)
-        self._pod_moved_at: dict[str, float] = {}  # pod uid -> its last edit
-        self._made: dict[str, list[float]] = {}  # pod uid -> when its reservations were made
+        self._moves = 0  # changes that may move any pod (a node, a quota, an operator)
+        self._restarts = 0  # of them, the operator's (a new one backs off from scratch)
+        #: pod uid -> when it came, moves and restarts then, made since, its edits
+        self._made: dict[str, _Made] = {}
         self._expired: set[str] = set()  # pod uids whose reservation was reclaimed Expired
         self._touched: dict[Key, float] = {}  # pod key -> its or its reservation's last change
         self._checked: dict[Key, float] = {}  # pod key -> the last change judged settled
@@ -136,17 +140,21 @@ class PodPromises:
 
     # -- what happens ------------------------------------------------------------------------
 
-    def moved(self) -> None:
+    def moved(self, *, restart: bool = False) -> None:
         """A node, a quota or an operator changed: any pod may rightly be placed again."""
-        self._moved_at = self.now()
+        self._moves += 1
+        self._restarts += restart
 
     def pod_changed(self, key: Key, before: JSON | None, pod: JSON | None) -> None:
         self._touched[key] = self.now()
         uid = (pod or before or {}).get("metadata", {}).get("uid")
         if pod is None or not gated(pod) or finished(pod):
             self._admitted_gated.pop(str(uid), None)
-        if before is not None and pod is not None and _placing(before) != _placing(pod):
-            self._pod_moved_at[str(uid)] = self.now()
+        if pod is not None and str(uid) not in self._made:  # moves count from its creation
+            self._made[str(uid)] = _Made(self.now(), self._moves, self._restarts)
+        made = self._made.get(str(uid))
+        if made and before is not None and pod is not None and _placing(before) != _placing(pod):
+            made.edits += 1
 
     def reservation_changed(self, event_type: str, obj: JSON, pod: JSON | None) -> None:
         """``pod``: the live pod of the reservation's name and owner, if any."""
@@ -169,17 +177,16 @@ class PodPromises:
     def _made_one(self, key: Key, pod_uid: str) -> None:
         if pod_uid in self._expired:
             self.fail(f"pod {key}: a reservation made again after its quota's lifetime ran out")
-        since = max(self._moved_at, self._pod_moved_at.get(pod_uid, 0.0))
-        made = [t for t in self._made.get(pod_uid, []) if t >= since] + [self.now()]
-        self._made[pod_uid] = made
-        bound = 2 + math.floor(math.log2(1 + (self.now() - since) / RETRY_FIRST))
-        if len(made) > bound:
-            self.fail(
-                f"pod {key}: {len(made)} reservations made in {self.now() - since:.1f}s with "
-                f"nothing moved (at most {bound}): a create/delete loop"
-            )
-        if len(made) > 1:
+        made = self._made.setdefault(pod_uid, _Made(self.now(), self._moves, self._restarts))
+        made.count += 1
+        if made.count > 1:
             self.count("pod-made-again")
+        bound = made.bound(self.now(), self._moves, self._restarts)
+        if made.count > bound:
+            self.fail(
+                f"pod {key}: {made.count} reservations made in {self.now() - made.since:.1f}s "
+                f"(at most {bound} for what moved meanwhile): a create/delete loop"
+            )
 
     # -- judged at every change ------------------------------------------------------------------
 
@@ -227,6 +234,27 @@ class PodPromises:
         if wrong is not None:
             key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
             self.fail(f"pod {key} {when}: {wrong}")
+
+
+@dataclass
+class _Made:
+    """Reservations made for one pod, and what may have caused them, since it came."""
+
+    since: float
+    moves: int  # the world's moves and restarts when it came
+    restarts: int
+    count: int = 0
+    edits: int = 0  # of the pod's claim or constraints, since
+
+    def bound(self, now: float, moves: int, restarts: int) -> int:
+        """The first, one more for each move seen since (a node, a quota, an operator, an
+        edit of the pod: each may rightly have it placed again, even seen late, all at
+        once), and one per refusal backoff that fits in the time (10 s doubling: at most
+        log2(1 + t/10) of them, from scratch after each restart), +1 for a decision
+        racing a move."""
+        retries = math.floor(math.log2(1 + (now - self.since) / RETRY_FIRST))
+        changed = moves - self.moves + self.edits
+        return 2 + changed + (1 + restarts - self.restarts) * retries
 
 
 def _owned_by(reservation: JSON, pod: JSON) -> bool:
