@@ -17,7 +17,8 @@ to the step that broke it and played on the real API server:
   why (seed 325);
 - a gated pod narrowed (nodeSelector) between the operator's last look and its
   ungate patch (a retry of it, say) was ungated pinned to a node it may not run on,
-  and its reservation then released: it never ran, and held nothing (seed 1442).
+  and its reservation then released: it never ran, and held nothing (seed 1442);
+  one resized so was let out on the old size's reservation (seed 4674).
 """
 
 from __future__ import annotations
@@ -145,12 +146,13 @@ def test_a_pods_reservation_waiting_for_its_quota_is_refused_once_the_quota_forb
     eventually(told, timeout=20)
 
 
-async def test_a_pod_narrowed_while_its_ungate_is_retried_is_not_ungated_where_it_cannot_run(
+async def _ungate_held_back(
     inprocess: tuple[FaultyTransport, list[Controller]],
     make_node: Callable[..., Any],
     core: client.CoreV1Api,
     namespace: str,
-) -> None:
+) -> Rule:
+    """A gated pod p (1 GiB) whose ungate patch the API server refuses (500) for now."""
     transport, started = inprocess
     pool, _ = await asyncio.to_thread(pool_nodes, make_node, core, only="8Gi")
     config = parse_config("{sweepPeriod: 100ms, summaryInterval: 100ms, resyncPeriod: 1h}")
@@ -167,6 +169,16 @@ async def test_a_pod_narrowed_while_its_ungate_is_retried_is_not_ungated_where_i
         assert ("PATCH", f"/api/v1{pod_path}") in transport.calls
 
     await asyncio.to_thread(eventually, ungate_tried, timeout=20)
+    return failing
+
+
+async def test_a_pod_narrowed_while_its_ungate_is_retried_is_not_ungated_where_it_cannot_run(
+    inprocess: tuple[FaultyTransport, list[Controller]],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    namespace: str,
+) -> None:
+    failing = await _ungate_held_back(inprocess, make_node, core, namespace)
     # Narrowed while the operator retries its ungate: no node carries that label.
     narrow = {"spec": {"nodeSelector": {"zone": "nowhere"}}}
     await asyncio.to_thread(core.patch_namespaced_pod, "p", namespace, narrow)
@@ -178,3 +190,25 @@ async def test_a_pod_narrowed_while_its_ungate_is_retried_is_not_ungated_where_i
     await asyncio.to_thread(eventually, told_nowhere, timeout=30)
     pod = await asyncio.to_thread(core.read_namespaced_pod, "p", namespace)
     assert gates_of(pod) == [GATE]
+
+
+async def test_a_pod_resized_while_its_ungate_is_retried_is_let_out_on_its_new_size(
+    inprocess: tuple[FaultyTransport, list[Controller]],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """Seed 4674: it ran on the old size's reservation (then on none where it ran)."""
+    failing = await _ungate_held_back(inprocess, make_node, core, namespace)
+    resize = {"metadata": {"annotations": {"headroom.dev/ram": "2Gi"}}}
+    await asyncio.to_thread(core.patch_namespaced_pod, "p", namespace, resize)
+    failing.times = 0  # the API server answers again
+
+    def let_out_on_its_size() -> None:
+        pod = core.read_namespaced_pod("p", namespace)
+        assert gates_of(pod) == []
+        held = rsv.get(custom, namespace, "p")
+        assert (held["status"]["phase"], held["spec"]["ramMB"]) == ("Admitted", 2048)
+
+    await asyncio.to_thread(eventually, let_out_on_its_size, timeout=30)

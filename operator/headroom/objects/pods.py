@@ -278,6 +278,10 @@ def ungate_patch(
         # tolerations): one narrowed since, even while this patch is retried, fails the
         # test and is looked at again, rather than pinned where it cannot run.
         ops.append({"op": "test", "path": "/metadata/generation", "value": meta["generation"]})
+    if meta.get("annotations"):
+        # And the claim as its reservation was checked against it: one resized since
+        # is not let out on the old size's reservation.
+        ops.append({"op": "test", "path": "/metadata/annotations", "value": meta["annotations"]})
     ops += [{"op": "remove", "path": gate_path}, *_pin(spec, node)]
     deadline = active_deadline(pod, time_left)
     if deadline is not None:

@@ -242,7 +242,7 @@ class _Schedule:
         task.add_done_callback(self.tasks.discard)
 
     def faults(self, number: int) -> FaultPlan:
-        if not self.noisy:
+        if not self.noisy or self.calmed:  # a process started in the calm has it too
             return FaultPlan(seed=self.seed * 31 + number)
         return FaultPlan(
             seed=self.seed * 31 + number,
