@@ -18,13 +18,17 @@ to the step that broke it and played on the real API server:
 - a gated pod narrowed (nodeSelector) between the operator's last look and its
   ungate patch (a retry of it, say) was ungated pinned to a node it may not run on,
   and its reservation then released: it never ran, and held nothing (seed 1442);
-  one resized so was let out on the old size's reservation (seed 4674).
+  one resized so was let out on the old size's reservation (seed 4674);
+- after a restart, a reservation back in its node's queue forgot the lifetime its
+  quota gives: a gated pod's waited its whole wait (24 hours) instead of being
+  refused ``AlreadyExpired`` when that lifetime ran out (seed 2429).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes import client
@@ -212,3 +216,42 @@ async def test_a_pod_resized_while_its_ungate_is_retried_is_let_out_on_its_new_s
         assert (held["status"]["phase"], held["spec"]["ramMB"]) == ("Admitted", 2048)
 
     await asyncio.to_thread(eventually, let_out_on_its_size, timeout=30)
+
+
+async def test_a_waiter_requeued_at_a_restart_keeps_the_lifetime_its_quota_gives(
+    inprocess: tuple[FaultyTransport, list[Controller]],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    quota: Callable[..., str],
+) -> None:
+    transport, started = inprocess
+    pool, nodes = await asyncio.to_thread(pool_nodes, make_node, core, only="8Gi")
+    await asyncio.to_thread(quota, defaultLifetime="15s")
+    config = parse_config("{sweepPeriod: 100ms, summaryInterval: 100ms, resyncPeriod: 1h}")
+    first = Controller(config, transport)
+    started.append(first)
+    await first.start()
+    # The node is full for an hour (an expiry of its own: the quota's default is not given).
+    hour = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    await asyncio.to_thread(
+        rsv.create, custom, namespace, "hog", nodes["only"], 7168, expiresAt=hour
+    )
+    await asyncio.to_thread(rsv.wait_for, custom, namespace, "hog", ("Admitted",))
+    await asyncio.to_thread(core.create_namespaced_pod, namespace, claim_pod("p", pool, "2Gi"))
+    waiting = await asyncio.to_thread(rsv.wait_for, custom, namespace, "p", ("Queued",))
+    assert waiting["status"]["reason"] == "InsufficientRAM"
+
+    await first.stop()  # a restart while it waits
+    second = Controller(config, transport)
+    started.append(second)
+    await second.start()
+
+    def refused_at_its_lifetime() -> None:
+        now = rsv.get(custom, namespace, "p")
+        assert now["metadata"]["uid"] == waiting["metadata"]["uid"]
+        assert (now["status"]["phase"], now["status"]["reason"]) == ("Rejected", "AlreadyExpired")
+
+    # 15 s after its creation, as the first operator would have refused it.
+    await asyncio.to_thread(eventually, refused_at_its_lifetime, timeout=30)
