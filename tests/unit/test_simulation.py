@@ -12,6 +12,7 @@ tenants, and checks the operator's promises at every change and at the end
 cores); ``HEADROOM_SIM_BASE`` the first seed (default 0), to explore new ones.
 Every behaviour checked here also has a test on the real control plane
 (tests/integration/test_reconcile.py, test_pod_gates.py, test_quotas.py,
+test_pod_gates_found_by_sim.py (what the schedules found, reduced to one step each),
 tests/e2e/test_liveness.py, test_chaos.py, test_pod_gates_scheduled.py).
 """
 

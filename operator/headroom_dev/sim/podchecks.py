@@ -51,6 +51,7 @@ from headroom.api.selectors import LabelSelector
 from headroom_dev.sim.checks import Checker
 from headroom_dev.sim.podfacts import allows, claims, finished, gated, pinned_to, request_mb
 from headroom_dev.sim.podpromises import PodPromises, owner_pod_uid
+from headroom_dev.sim.podquotas import governing, quotas_allow, seconds, share
 
 JSON = dict[str, Any]
 Key = tuple[str, str]
@@ -221,8 +222,8 @@ class PodChecker:
                     queued[0],
                     reservations,
                     strict=strict,
-                    quota_allows=lambda r: _quotas_allow(r, reservations, quotas, namespaces or {}),
-                    sharing=lambda a, b: _share(a, b, quotas, namespaces or {}),
+                    quota_allows=lambda r: quotas_allow(r, reservations, quotas, namespaces or {}),
+                    sharing=lambda a, b: share(a, b, quotas, namespaces or {}),
                 ):
                     self.fail(
                         f"pod {_key(pod)} waits on {queued[0]['spec']['node']}, which has room"
@@ -261,17 +262,17 @@ class PodChecker:
     ) -> bool:
         """Whether a node may take the pod: its constraints allow it, and so do its
         namespace's quotas (their nodeSelector; a wait of its own within their maxWait)."""
-        governing = _governing(pod["metadata"]["namespace"], quotas, namespaces)
+        ruling = governing(pod["metadata"]["namespace"], quotas, namespaces)
         wait = (pod["metadata"].get("annotations") or {}).get(WAIT_ANNOTATION)
-        for spec in governing:
-            if wait is not None and _seconds(wait) > _seconds(spec.get("maxWait", "inf")):
+        for spec in ruling:
+            if wait is not None and seconds(wait) > seconds(spec.get("maxWait", "inf")):
                 return False  # WaitTooLong, on every node
 
         def allowed(node: JSON) -> bool:
             node_labels = node["metadata"].get("labels") or {}
             return allows(pod, node) and all(
                 LabelSelector.model_validate(spec["nodeSelector"]).matches(node_labels)
-                for spec in governing
+                for spec in ruling
                 if spec.get("nodeSelector") is not None
             )
 
@@ -279,57 +280,6 @@ class PodChecker:
         if named is not None:  # that node only; unknown, it is waited for
             return named not in nodes or allowed(nodes[named])
         return any(allowed(node) for node in nodes.values())
-
-
-def _governing(
-    namespace: str, quotas: Sequence[JSON], namespaces: dict[str, dict[str, str]]
-) -> list[JSON]:
-    labels = namespaces.get(namespace, {})
-    return [
-        q["spec"]
-        for q in quotas
-        if LabelSelector.model_validate(q["spec"]["namespaceSelector"]).matches(labels)
-    ]
-
-
-def _share(
-    namespace: str,
-    other: str,
-    quotas: Sequence[JSON],
-    namespaces: dict[str, dict[str, str]],
-) -> bool:
-    """Whether two namespaces are one, or a quota governs both."""
-    mine = _governing(namespace, quotas, namespaces)
-    return namespace == other or any(q in mine for q in _governing(other, quotas, namespaces))
-
-
-def _quotas_allow(
-    queued: JSON,
-    reservations: list[JSON],
-    quotas: Sequence[JSON],
-    namespaces: dict[str, dict[str, str]],
-) -> bool:
-    """Whether every quota of the queued reservation's namespace has room for it now
-    (RAM and entries over the namespaces each governs); one that waits for its quota
-    is not stuck while the quota is full."""
-    for spec in _governing(queued["metadata"]["namespace"], quotas, namespaces):
-        members = {n for n in namespaces if spec in _governing(n, quotas, namespaces)}
-        held = [
-            int(r["spec"].get("ramMB", 0))
-            for r in reservations
-            if _phase(r) == "Admitted" and r["metadata"]["namespace"] in members
-        ]
-        ram = int(queued["spec"].get("ramMB", 0))
-        if sum(held) + ram > spec.get("ramMB", UNLIMITED):
-            return False
-        if len(held) + 1 > spec.get("maxEntries", UNLIMITED):
-            return False
-    return True
-
-
-def _seconds(duration: str) -> float:
-    """A duration as the simulation writes them (``<n>s``)."""
-    return float(duration.removesuffix("s"))  # "inf": no bound
 
 
 class _Room:
