@@ -65,6 +65,39 @@ def reservation_names(custom: client.CustomObjectsApi, namespace: str) -> list[s
 # -- item 3: only the operator's own reservation ungates a pod -----------------------------
 
 
+def _forge(
+    custom: client.CustomObjectsApi, namespace: str, pod: client.V1Pod, node: str, **spec: Any
+) -> dict[str, Any]:
+    """A Reservation owned by the pod and named as it, as the operator's would be, but
+    for 1 MiB (and ``spec`` on top)."""
+    forged = {
+        "apiVersion": "headroom.dev/v1alpha1",
+        "kind": "Reservation",
+        "metadata": {
+            "name": pod.metadata.name,
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod.metadata.name,
+                    "uid": pod.metadata.uid,
+                }
+            ],
+        },
+        "spec": {
+            "node": node,
+            "ramMB": 1,
+            "owner": {"pod": pod.metadata.name, "surface": "pod"},
+            "liveness": "Pod",
+            **spec,
+        },
+    }
+    made: dict[str, Any] = custom.create_namespaced_custom_object(
+        "headroom.dev", "v1alpha1", namespace, "reservations", forged
+    )
+    return made
+
+
 def test_a_reservation_a_tenant_made_for_the_pod_does_not_ungate_it(
     run_operator: Start,
     make_node: Callable[..., Any],
@@ -72,36 +105,43 @@ def test_a_reservation_a_tenant_made_for_the_pod_does_not_ungate_it(
     custom: client.CustomObjectsApi,
     namespace: str,
 ) -> None:
+    """One for another owner never lets the pod out: it stays gated and says why."""
     pool, nodes = pool_nodes(make_node, core, only="16Gi")
     pod = core.create_namespaced_pod(namespace, claim_pod("p", pool, "8Gi"))
-    # Owned by the pod and named as it, as the operator's would be, but for 1 MiB.
-    forged = {
-        "apiVersion": "headroom.dev/v1alpha1",
-        "kind": "Reservation",
-        "metadata": {
-            "name": "p",
-            "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": pod.metadata.uid}
-            ],
-        },
-        "spec": {
-            "node": nodes["only"],
-            "ramMB": 1,
-            "owner": {"pod": "p", "surface": "pod"},
-            "liveness": "Pod",
-        },
-    }
-    custom.create_namespaced_custom_object(
-        "headroom.dev", "v1alpha1", namespace, "reservations", forged
-    )
+    _forge(custom, namespace, pod, nodes["only"], owner={"pod": "q", "surface": "pod"})
     run_operator()
 
     eventually(
-        lambda: _said(core, namespace, "p", "ReservationNameTaken", "ramMB 1, not 8192"), timeout=20
+        lambda: _said(core, namespace, "p", "ReservationNameTaken", "owner.pod q, not p"),
+        timeout=20,
     )
     eventually(lambda: _check(ours(core, namespace, "p") == [("False", "ReservationNameTaken")]))
     assert gates_of(core.read_namespaced_pod("p", namespace)) == [GATE]
     assert ours(core, namespace, "p") == [("False", "ReservationNameTaken")]
+
+
+def test_a_reservation_for_another_size_never_ungates_the_pod_but_is_replaced(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """One of the operator's shape for another claim (a forgery, or the operator's own
+    made before the pod was resized) is replaced by the one for its claim, and only that
+    one lets the pod out (it said ReservationNameTaken and stayed gated for ever until
+    the simulation found a resized pod stranded so, seed 29)."""
+    pool, nodes = pool_nodes(make_node, core, only="16Gi")
+    pod = core.create_namespaced_pod(namespace, claim_pod("p", pool, "8Gi"))
+    forged = _forge(custom, namespace, pod, nodes["only"])
+    run_operator()
+
+    ungated = wait_ungated(core, namespace, "p")
+    held = rsv.wait_for(custom, namespace, "p", phases=("Admitted",))
+    assert held["metadata"]["uid"] != forged["metadata"]["uid"]
+    assert held["spec"]["ramMB"] == 8192
+    assert pinned_to(ungated) == [nodes["only"]]
+    _said(core, namespace, "p", "ClaimChanged", "ramMB 1, not 8192")
 
 
 # -- item 6: every gated pod is followed, whatever its labels ------------------------------

@@ -6,6 +6,7 @@ the refusals, their words and numbers, and the changes a quota goes through.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 from headroom.api.limits import Limits
@@ -589,3 +590,26 @@ def test_labelling_a_namespace_not_seen_yet_reports_a_change_of_its_quotas() -> 
     assert book.quotas.set_namespace("fresh", {"team": "ml"})
     assert book.quotas.governing("fresh") == []
     assert [d.entry.id for d in book.admit_waiting(T0, book.quota_waiters())] == ["fresh/a"]
+
+
+def test_a_pods_waiter_its_quota_now_refuses_for_good_is_refused_at_once() -> None:
+    """Changed under it (a nodeSelector without its node, a maxWait under its wait): a
+    gated pod's waiting reservation is refused with that reason at the next look, not
+    left for its whole wait; a reservation someone wrote waits on (they chose)."""
+    book = ledger()
+    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=2 * GIB))
+    assert book.reserve(entry("ml/a", 2 * GIB, node="n2"), T0).admitted
+    pod = replace(entry("ml/p", GIB, node="n2"), pod_lifetime=True)
+    day = T0 + timedelta(hours=24)
+    assert book.reserve_or_wait(pod, T0, day).queued
+    assert book.reserve_or_wait(entry("ml/w", GIB, node="n2"), T0, day).queued
+    assert book.wait_over(T0) == []  # nothing changed: they wait
+
+    gpu = LabelSelector(match_labels={"pool": "gpu"})  # n1's pool, not n2's
+    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=2 * GIB, nodes=gpu))
+    refused = book.wait_over(T0)
+    assert [(d.entry.id, d.admitted, d.reason) for d in refused] == [
+        ("ml/p", False, Reason.NODE_NOT_ALLOWED)
+    ]
+    assert [w.entry_id for w in book.waiting.on("n2")] == ["ml/w"]
+    assert book.wait_over(T0) == []  # said once

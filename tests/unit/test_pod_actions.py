@@ -87,9 +87,11 @@ def pod(
     }
 
 
-def known(*, node: str = NODE, ram_mb: int = 1024, pod_uid: str = POD_UID) -> Known:
+def known(
+    *, node: str = NODE, ram_mb: int = 1024, pod_uid: str = POD_UID, owner_pod: str = NAME
+) -> Known:
     claim = pod_claim(pod())
-    return Known(RES_UID, pod_uid, Booked(node, ram_mb, 0, claim.gpus, NAME, "Pod"))
+    return Known(RES_UID, pod_uid, Booked(node, ram_mb, 0, claim.gpus, owner_pod, "Pod"))
 
 
 def record(
@@ -172,9 +174,15 @@ ROWS = [
     ),
     Row("gated, no reservation -> one is created, placed", pod(), Create(pod_claim(pod()))),
     Row(
-        "gated, its reservation not what the operator writes for its claim -> says so, gated",
+        "gated, its reservation not of the operator's shape (another owner) -> says so, gated",
         pod(),
         Say,
+        known(ram_mb=1, owner_pod="someone-else"),
+    ),
+    Row(
+        "gated, its reservation of the operator's shape for another size -> replace, ClaimChanged",
+        pod(),
+        Replace,
         known(ram_mb=1),
     ),
     Row(
@@ -325,9 +333,14 @@ def test_the_says_name_what_is_wrong() -> None:
     ungated = said(decide(ClaimPod(pod(gated=False, ram="lots"), POD_UID), None, None, FACTS, NOW))
     assert ungated.reason == "BadClaim"
     assert ungated.message.endswith("not gated by Headroom")
-    taken = said(decide(ClaimPod(pod(), POD_UID), known(ram_mb=1), None, FACTS, NOW))
+    forged = known(ram_mb=1, owner_pod="someone-else")
+    taken = said(decide(ClaimPod(pod(), POD_UID), forged, None, FACTS, NOW))
     assert taken.reason == "ReservationNameTaken"
     assert "ramMB 1, not 1024" in taken.message
+    resized = decide(ClaimPod(pod(), POD_UID), known(ram_mb=1), None, FACTS, NOW)
+    assert resized == Replace(RES_UID, said(resized))
+    assert said(resized).reason == "ClaimChanged"
+    assert "made for another claim (ramMB 1, not 1024)" in said(resized).message
     moved = decide(ClaimPod(pod(), POD_UID), known(node="cordoned"), ADMITTED, FACTS, NOW)
     assert moved == Replace(RES_UID, said(moved))
     assert said(moved).reason == "NodeUnsuitable"

@@ -12,6 +12,7 @@ tenants, and checks the operator's promises at every change and at the end
 cores); ``HEADROOM_SIM_BASE`` the first seed (default 0), to explore new ones.
 Every behaviour checked here also has a test on the real control plane
 (tests/integration/test_reconcile.py, test_pod_gates.py, test_quotas.py,
+test_pod_gates_found_by_sim.py (what the schedules found, reduced to one step each),
 tests/e2e/test_liveness.py, test_chaos.py, test_pod_gates_scheduled.py).
 """
 
@@ -77,6 +78,19 @@ def test_seeded_schedules_keep_every_promise() -> None:
         "Admitted/OverCommitted",
         "pod-hand-made-reservation",
         "gc-delete",
+        # gated pods edited (headroom_dev.sim.pods; issue 29): unlabelled and let go, claim
+        # unreadable, resized, narrowed; their node cordoned or tainted; quota lifetimes
+        # ending them; the clocked promises (headroom_dev.sim.podpromises) judged
+        "pod-edit-unclaim",
+        "pod-let-go",
+        "pod-edit-unreadable",
+        "pod-edit-resize",
+        "pod-edit-narrow",
+        "pod-node-cordon",
+        "pod-node-taint",
+        "pod-deadline-exceeded",
+        "pod-ran-out",
+        "pod-condition-checked",
         # quotas (headroom_dev.sim.quotachecks): decided under them, changed, deleted
         "admitted-under-quota",
         "Rejected/QuotaExceeded",

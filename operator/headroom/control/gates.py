@@ -24,7 +24,9 @@ confirmed, the resync):
   so it schedules as any pod (``NotClaimed``); labelled but its claim unreadable:
   what it booked is deleted and it stays gated until the claim reads (``BadClaim``);
 - gated, with a reservation owned by it and named as it that is not what this
-  module writes for its claim: it says so and stays gated (``ReservationNameTaken``);
+  module writes for its claim: one of its shape for another size, devices or node
+  (made before the pod was edited) is deleted and one made for the claim
+  (``ClaimChanged``); another says so and stays gated (``ReservationNameTaken``);
   one on a node its constraints no longer allow (narrowed, tainted, cordoned) is
   deleted, and the pod placed again (``NodeUnsuitable``);
 - gated, its reservation finally refused (its wait ran out): shown on the pod; a

@@ -20,7 +20,7 @@ from headroom.api.parse import InvalidValueError
 from headroom.api.reasons import Phase, Reason
 from headroom.control.state import Record
 from headroom.objects.nodeconstraints import NodeFacts, may_run_on
-from headroom.objects.podreservations import Booked, differences
+from headroom.objects.podreservations import Booked, differences, for_another_claim
 from headroom.objects.pods import JSON, bound_node, condition_reason, is_finished, is_gated
 
 Kind = Literal["Normal", "Warning"]
@@ -218,6 +218,13 @@ def _gated(
     if known is None:
         return Create(claim)
     differ = differences(known.book, name, claim)
+    if differ and for_another_claim(known.book, name):  # its claim was edited since
+        why = Say(
+            "ClaimChanged",
+            f"the Reservation {name} was made for another claim ({'; '.join(differ)}); "
+            "it is released and one made for the pod's claim now",
+        )
+        return Replace(known.uid, why)
     if differ:  # not what the operator makes for this claim: it lets nobody out
         return Say(
             "ReservationNameTaken",

@@ -248,21 +248,26 @@ class PodCalls:
         version = str((seen.obj.get("metadata") or {}).get("resourceVersion", ""))
         if seen.sent == (*wanted, version):
             return  # written from this view of the pod already; the watch will tell
-        seen.sent = (*wanted, version)
+        sent = seen.sent = (*wanted, version)
         meta = seen.obj.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         now = self._clock.now().isoformat().replace("+00:00", "Z")
         patch = condition_patch(seen.obj, status, reason, message, now)
-        self._tasks.spawn(self._set_condition(key, patch))
+        self._tasks.spawn(self._set_condition(key, patch, sent))
 
-    async def _set_condition(self, key: PodKey, patch: list[JSON]) -> None:
-        """Best effort: the Event says the same, and the next pass writes it again."""
+    async def _set_condition(self, key: PodKey, patch: list[JSON], sent: tuple[str, ...]) -> None:
+        """Best effort, but not forgotten: one that failed is written again at a pass soon
+        (a pod that nothing changes, waiting for a node, would otherwise never say why)."""
         if not self._may_act():
             return
         try:
             await self._transport.json_patch(pod_path(*key) + "/status", patch)
         except (ApiError, ApiUnavailableError) as error:
             log.debug("condition of pod %s/%s not written: %s", *key, error)
+            seen = self._pods.get(key)
+            if seen is not None and seen.sent == sent:
+                seen.sent = ()
+                self._queue.add_rate_limited(key)
 
     async def stop(self) -> None:
         await self._queue.shut_down()

@@ -178,7 +178,10 @@ class Reconciler:
             self._admission.submit(obj)
             return
         record.node, record.pod = entry.node, entry.owner.pod
-        record.decision.position = self._state.ledger.waiting.add(entry, entry.wait_until)
+        ledger = self._state.ledger
+        # The lifetime its quota gives ends its wait as before the start, not its wait alone.
+        given = ledger.quotas.expiry(entry) if entry.expires_at is None else None
+        record.decision.position = ledger.waiting.add(entry, entry.wait_until, expires=given)
         if self._state.remember(record):
             self._state.room_nodes.add(entry.node)
             self._admission.wake()

@@ -64,6 +64,7 @@ class Ledger:
         self.waiting = WaitQueues()
         self.pods = PodRequests()
         self.quotas = Quotas()
+        self._quota_changes_seen = 0  # Quotas.changes when pods' waiters were last looked at
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
 
@@ -370,6 +371,26 @@ class Ledger:
                 )
             self._failures[reason] += 1
             refused.append(Decision(False, reason, message, entry))
+        if self.quotas.changes != self._quota_changes_seen:
+            self._quota_changes_seen = self.quotas.changes
+            refused.extend(self._pods_refused_for_good())
+        return refused
+
+    def _pods_refused_for_good(self) -> list[Decision]:
+        """Gated pods' reservations that wait, but that their quotas now refuse for good
+        (changed since they queued: a nodeSelector without their node, a maxWait under
+        their wait): refused now, so the operator places the pod again or says why,
+        rather than leave it gated for its whole wait (24 h by default) for what cannot
+        come. Other waiters wait on: their owners chose the node and the wait."""
+        refused = []
+        for node in self.waiting.nodes():
+            for waiting in self.waiting.on(node):
+                entry = waiting.entry
+                refusal = self.quotas.final_refusal(entry) if entry.pod_lifetime else None
+                if refusal is not None:
+                    self.waiting.remove(entry.id)
+                    self._failures[refusal[0]] += 1
+                    refused.append(Decision(False, refusal[0], refusal[1], entry))
         return refused
 
     def _refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:

@@ -98,6 +98,9 @@ class Quotas:
         self._governing: dict[str, tuple[str, ...]] = {}  # namespace -> quota names, sorted
         self._worked_out: set[str] = set()  # namespaces whose quotas were worked out
         self._node_labels: dict[str, Mapping[str, str]] = {}
+        #: Counts changes that may turn a quota's final refusals (a quota, a namespace's
+        #: labels, a node's labels), so what waits is looked at again only after one.
+        self.changes = 0
 
     # -- what governs what ---------------------------------------------------------------
 
@@ -106,6 +109,7 @@ class Quotas:
 
     def set_quota(self, rules: QuotaRules) -> None:
         """A quota created or changed: its namespaces and their sums are worked out again."""
+        self.changes += 1
         self._quotas.pop(rules.name, None)
         self._quotas[rules.name] = _Quota(rules)
         for namespace in self._known_namespaces():
@@ -125,6 +129,7 @@ class Quotas:
         labels = dict(labels)
         if self._labels.get(namespace) == labels:
             return False
+        self.changes += 1
         before = self._names(namespace)  # for one never worked out: what its name gave
         self._labels[namespace] = labels
         self._govern(namespace)
@@ -149,6 +154,8 @@ class Quotas:
         return list(self._labels)
 
     def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
+        if self._node_labels.get(node) != (None if labels is None else dict(labels)):
+            self.changes += 1
         if labels is None:
             self._node_labels.pop(node, None)
         else:

@@ -59,6 +59,15 @@ def differences(book: Booked, pod_name: str, claim: PodClaim) -> list[str]:
     return [f"{name} {have}, not {want}" for name, have, want in wanted if have != want]
 
 
+def for_another_claim(book: Booked, pod_name: str) -> bool:
+    """Whether ``book`` is as the operator writes it for the pod but for a claim the pod
+    no longer makes (its size, devices or node edited while it was gated): named owner
+    and liveness as ours, so it may be ours, made before the edit. Such a reservation can
+    never let the pod out; it is replaced, or the pod would be stranded by its own edit.
+    (A forged one of this shape is replaced too: it never ungates the pod either.)"""
+    return book.owner_pod == pod_name and book.liveness == "Pod"
+
+
 def gate_removal_patch(pod: JSON) -> list[JSON] | None:
     """A JSON patch that removes our gate and nothing else (None: it is not there), guarded
     by ``test`` operations on the pod's uid and the gate, as the ungate patch is."""

@@ -175,9 +175,17 @@ def ungate_patch(
     ops: list[JSON] = [
         {"op": "test", "path": "/metadata/uid", "value": meta.get("uid")},
         {"op": "test", "path": f"{gate_path}/name", "value": SCHEDULING_GATE},
-        {"op": "remove", "path": gate_path},
-        *_pin(spec, node),
     ]
+    if meta.get("generation") is not None:
+        # The spec as it was checked against the node (its selector, affinity and
+        # tolerations): one narrowed since, even while this patch is retried, fails the
+        # test and is looked at again, rather than pinned where it cannot run.
+        ops.append({"op": "test", "path": "/metadata/generation", "value": meta["generation"]})
+    if meta.get("annotations"):
+        # And the claim as its reservation was checked against it: one resized since
+        # is not let out on the old size's reservation.
+        ops.append({"op": "test", "path": "/metadata/annotations", "value": meta["annotations"]})
+    ops += [{"op": "remove", "path": gate_path}, *_pin(spec, node)]
     deadline = active_deadline(pod, time_left)
     if deadline is not None:
         ops.append(_add("/spec/activeDeadlineSeconds", deadline))

@@ -5,7 +5,8 @@ At every change the fake API server applies (``FakeApiServer.subscribe``):
 - **never over a node's limit**: when a reservation becomes Admitted by a new
   decision, the Admitted RAM on its node (gated pods' reservations included) is
   within the node's limit; only a pod the scheduler already placed there may be
-  recorded over it (``OverCommitted``), and a decision taken before such a record
+  recorded over it (``OverCommitted``; a tenant's reservation recorded so is judged
+  as any decision, against the node and its quotas), and a decision taken before such a record
   is not pushed over by it when its status lands after it. The limit is the
   largest the node had in the last ``SHRINK_GRACE`` seconds: a decision taken
   before the operator could know of a shrink is not an overcommit of the
@@ -241,7 +242,12 @@ class Checker:
                 other in self._admitted and not _decided_after(self._over.get(other), decision)
             ),
         )
-        forced = (obj.get("status") or {}).get("reason") == "OverCommitted"
+        # Only a pod's own (named as its owner pod, owned by a pod) may be recorded past the
+        # node's limit and its quotas; one a tenant wrote is judged as any decision (the
+        # pod checker also fails it for its OverCommitted).
+        named = ((obj.get("spec") or {}).get("owner") or {}).get("pod") == key[1]
+        own = named and _owner_pod_uid(obj) is not None
+        forced = own and (obj.get("status") or {}).get("reason") == "OverCommitted"
         self.quotas.admitted(uid, key, ram, forced)
         if forced:
             self._over[uid] = decision

@@ -60,6 +60,7 @@ NOISY_SHARE = 0.3  # of schedules with a tenant that floods creates and heartbea
 NOISY = "noisy"
 JSON = dict[str, Any]
 QUOTAS = resource_path("headroom.dev", "v1alpha1", "headroomquotas")
+QUOTA_NAMES = ("team", "b-only", "pods")  # "pods" governs the gated pods' namespace
 
 
 @dataclass
@@ -153,6 +154,7 @@ class Process:
                 await asyncio.sleep(1.0)
         self.replica.controller = self.controller
         s.checker.deciders.append(self.replica)
+        s.disturbed()  # a new operator: the pods' clocks start again (podpromises)
 
     def crash(self, why: str = "killed") -> None:
         """The process dies: its network goes, its tasks stop, nothing is written after."""
@@ -162,6 +164,7 @@ class Process:
         self.replica.controller = None  # a dead process writes nothing more
         self.schedule.log(f"{self.name} crashes ({why})")
         self.client.kill()
+        self.schedule.disturbed()
         self.task.cancel()
         self.schedule.spawn(self.controller.stop())
         self.schedule.restart_later()  # as the Deployment would
@@ -192,7 +195,9 @@ class _Schedule:
         )
         self.server.subscribe(self.checker.on_change)
         self.pods: PodWorld | None = None
-        self.pod_checker = PodChecker(self.checker)
+        self.pod_checker = PodChecker(self.checker, steady_since=self.steady_since)
+        self._disturbed_at = 0.0  # the last crash, start, pause's or outage's end
+        self._outages = 0  # outages in progress
         if self.rng.random() < POD_SHARE:
             self.pods = PodWorld(self, NAMESPACE, seed=self.rng.random())
             self.server.subscribe(self.pod_checker.on_change)
@@ -215,6 +220,18 @@ class _Schedule:
     def now(self) -> float:
         return self.clock.monotonic()
 
+    def disturbed(self) -> None:
+        self._disturbed_at = self.now()
+        self.pod_checker.promises.moved(restart=True)  # a start may rightly place pods again
+
+    def steady_since(self) -> float | None:
+        """Since when one operator has run undisturbed (no crash, start, pause or
+        outage since); None while none runs, or one is paused or cut off."""
+        running = [p for p in self.processes if p.alive and p.replica.controller is not None]
+        if not running or self._outages or any(p.client.paused for p in self.processes):
+            return None
+        return self._disturbed_at
+
     def log(self, line: str) -> None:
         self.trace.append(f"{self.now():8.3f} {line}")
         logging.getLogger("sim").info("%s", line)
@@ -225,7 +242,7 @@ class _Schedule:
         task.add_done_callback(self.tasks.discard)
 
     def faults(self, number: int) -> FaultPlan:
-        if not self.noisy:
+        if not self.noisy or self.calmed:  # a process started in the calm has it too
             return FaultPlan(seed=self.seed * 31 + number)
         return FaultPlan(
             seed=self.seed * 31 + number,
@@ -253,6 +270,8 @@ class _Schedule:
                 self.server.ensure_namespace(team, {"team": "t"})
             self.put_quota("team", {"matchLabels": {"team": "t"}})
             self.put_quota("b-only", {"matchLabels": {NAME_LABEL: "team-b"}})
+            if self.pods is not None:  # the gated pods' namespace, under a quota of its own
+                self.put_quota("pods", {"matchLabels": {NAME_LABEL: NAMESPACE}})
         for i in range(self.rng.randint(1, 3)):
             self.put_node(f"node-{i}")
         for _ in range(2 if self.leader else 1):
@@ -283,7 +302,18 @@ class _Schedule:
         reservations = self.server.reservations()
         self.checker.final(reservations, controller, may_wait=self.pod_checker.may_wait)
         if self.pods is not None:
-            self.pod_checker.final(self.server.pods(), reservations, self.server.nodes())
+            quotas = [q for n in QUOTA_NAMES if (q := self.server.get(f"{QUOTAS}/{n}"))]
+            namespaces = {
+                n: self.server.get(resource_path("", "v1", "namespaces", None, n)) or {}
+                for n in (NAMESPACE, *TEAMS)
+            }
+            self.pod_checker.final(
+                self.server.pods(),
+                reservations,
+                self.server.nodes(),
+                quotas,
+                {n: (ns.get("metadata") or {}).get("labels") or {} for n, ns in namespaces.items()},
+            )
         self.ending = True
         for process in self.processes:
             process.crash("end of schedule")
@@ -360,6 +390,7 @@ class _Schedule:
         async def resume() -> None:
             await asyncio.sleep(seconds)
             process.client.resume()
+            self.disturbed()
 
         self.spawn(resume())
 
@@ -371,11 +402,14 @@ class _Schedule:
         assert faults is not None
         seconds = self.rng.uniform(1, 10)
         faults.refuse = 1.0
+        self._outages += 1
         self.count("outage")
 
         async def back() -> None:
             await asyncio.sleep(seconds)
             faults.refuse = 0.01 if self.noisy and not self.calmed else 0.0
+            self._outages -= 1
+            self.disturbed()
 
         self.spawn(back())
 
@@ -420,7 +454,8 @@ class _Schedule:
     # -- quotas ----------------------------------------------------------------------------
 
     def put_quota(self, name: str, selector: JSON) -> None:
-        """Create, or change, a quota: new limits, sometimes a default lifetime."""
+        """Create, or change, a quota: new limits, sometimes a default lifetime; the gated
+        pods' quota also, sometimes, a nodeSelector, a maxWait and a maxLifetime."""
         spec: JSON = {
             "namespaceSelector": selector,
             "ramMB": self.rng.choice([1024, 2048, 3072, 6144]),
@@ -428,23 +463,48 @@ class _Schedule:
         }
         if self.rng.random() < 0.3:
             spec["defaultLifetime"] = f"{self.rng.randint(5, 60)}s"
+        if name == "pods":
+            spec.update(self._pod_quota_rules())
         body = {"apiVersion": "headroom.dev/v1alpha1", "kind": "HeadroomQuota"}
         path = f"{QUOTAS}/{name}"
         existing = self.server.get(path)
         if existing is None:
             self.server.create(QUOTAS, {**body, "metadata": {"name": name}, "spec": spec})
         else:
-            self.server.merge_patch(path, {"spec": {"defaultLifetime": None, **spec}})
+            cleared = dict.fromkeys(("defaultLifetime", "maxLifetime", "maxWait", "nodeSelector"))
+            self.server.merge_patch(path, {"spec": {**cleared, **spec}})
         self.log(f"quota {name}: {spec}")
+
+    def _pod_quota_rules(self) -> JSON:
+        """What governs where and how long gated pods go (issue 29): a nodeSelector on
+        labels the pods' nodes carry (:meth:`PodWorld.node_labels`), a maxWait shorter
+        than a pod's default wait (24 h), a maxLifetime over the default lifetime."""
+        rng = self.rng
+        rules: JSON = {}
+        rules["ramMB"] = rng.choice([2048, 4096, 8192])
+        rules["maxEntries"] = rng.choice([3, 5, 8])
+        if rng.random() < 0.5:
+            rules["nodeSelector"] = rng.choice(
+                [
+                    {"matchLabels": {"pool": rng.choice(["a", "b"])}},
+                    {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+                    {"matchExpressions": [{"key": "dedicated", "operator": "DoesNotExist"}]},
+                ]
+            )
+        if rng.random() < 0.5:
+            rules["maxWait"] = f"{rng.randint(5, 40)}s"
+        if rng.random() < 0.3:
+            rules["maxLifetime"] = f"{rng.randint(60, 90)}s"
+        return rules
 
     def change_quota(self) -> None:
         """An admin raises or lowers a quota, or deletes it (and may create it again)."""
-        name = self.rng.choice(["team", "b-only"])
-        selector = (
-            {"matchLabels": {"team": "t"}}
-            if name == "team"
-            else {"matchLabels": {NAME_LABEL: "team-b"}}
-        )
+        name = self.rng.choice(QUOTA_NAMES if self.pods is not None else QUOTA_NAMES[:2])
+        selector = {
+            "team": {"matchLabels": {"team": "t"}},
+            "b-only": {"matchLabels": {NAME_LABEL: "team-b"}},
+            "pods": {"matchLabels": {NAME_LABEL: NAMESPACE}},
+        }[name]
         if self.rng.random() < 0.25 and self.server.get(f"{QUOTAS}/{name}") is not None:
             self.server.delete(f"{QUOTAS}/{name}")
             self.count("quota-delete")

@@ -19,7 +19,16 @@ real control code, a schedule needs what surrounds those pods, played here:
 - the adversary deletes pods, gated or running, at once (``--force``);
 - a tenant writes Pod-liveness reservations by hand that name one of its running
   claim pods, on the pod's node, as large as it likes (issue 29): they must be
-  decided like any claim, never recorded past a limit as the pod's own is.
+  decided like any claim, never recorded past a limit as the pod's own is;
+- tenants edit gated pods as Kubernetes lets them (issue 29; the fake API refuses
+  the rest, :mod:`headroom_dev.sim.fakeapi.podrules`): the claim label removed, the
+  ``headroom.dev/ram`` annotation made unreadable and readable again a while later,
+  the size changed, the node selector narrowed by a label only some nodes carry;
+  and an admin taints or cordons the node a gated pod's reservation is on, undone a
+  while later;
+- the kubelet ends a pod at its ``activeDeadlineSeconds`` (Failed,
+  ``DeadlineExceeded``), as the operator asks when a quota gives the reservation
+  a lifetime.
 
 Nodes get labels and, some, a taint. The placement rules are in
 :mod:`headroom_dev.sim.podfacts`, written again rather than the operator's. Only
@@ -32,8 +41,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from headroom.api.constants import (
     CLAIM_LABEL,
@@ -44,7 +53,7 @@ from headroom.api.constants import (
     WAIT_ANNOTATION,
 )
 from headroom.kube.transport import ApiError, resource_path
-from headroom_dev.sim.fakeapi import FakeApiServer
+from headroom_dev.sim.podedits import SIZES, GatedPodEdits, Stage
 from headroom_dev.sim.podfacts import (
     REQUIRED,
     allows,
@@ -61,17 +70,6 @@ PodKey = tuple[str, str]
 FOREIGN_GATE = "example.com/quota"
 TAINT = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
 TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
-
-
-class Stage(Protocol):
-    """What of the schedule (``headroom_dev.sim.driver``) the pods' world uses."""
-
-    server: FakeApiServer
-    calmed: bool
-
-    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
-    def count(self, what: str) -> None: ...
-    def log(self, line: str) -> None: ...
 
 
 # -- the world ----------------------------------------------------------------------------------
@@ -94,10 +92,17 @@ class PodWorld:
         self._dead: set[str] = set()
         self._collecting = False
         self._hand_named: set[str] = set()  # pods a hand-made reservation names
+        self.edits = GatedPodEdits(stage, namespace, self.rng)
         self.server.subscribe(self.on_change)
 
     def actions(self) -> list[tuple[float, Callable[[], None]]]:
-        return [(6, self.create_pod), (1.5, self.delete_pod), (1, self.hand_made_reservation)]
+        return [
+            (6, self.create_pod),
+            (1.5, self.delete_pod),
+            (1, self.hand_made_reservation),
+            (2, self.edits.edit_gated_pod),
+            (1.5, self.edits.cordon_or_taint),
+        ]
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -129,7 +134,7 @@ class PodWorld:
         reused = [n for n in self.names if self._pod(n) is None and n not in self._hand_named]
         name = rng.choice(reused) if reused and rng.random() < 0.2 else f"pod{len(self.names)}"
         self.names.append(name)
-        ram = rng.choice([256, 512, 1024, 2048])
+        ram = rng.choice(SIZES)
         annotations = {RAM_ANNOTATION: rng.choice([f"{ram}Mi", str(ram), f"{ram / 1024:g}Gi"])}
         if rng.random() < 0.2:
             annotations[WAIT_ANNOTATION] = f"{rng.randint(5, 60)}s"
@@ -320,10 +325,12 @@ class PodWorld:
         self.stage.log(f"pod {key[1]} bound to {node}")
 
     async def _run(self, key: PodKey, uid: str) -> None:
-        """The kubelet: the pod runs, and ends after its lifetime (not once all is calm)."""
+        """The kubelet: the pod runs, and ends after its lifetime (not once all is calm),
+        or at its ``activeDeadlineSeconds`` from its start (calm or not), Failed."""
         await asyncio.sleep(self.rng.uniform(0.2, 2))
         if not self._set_phase(key, uid, "Running"):
             return
+        self.stage.spawn(self._deadline(key, uid))
         await asyncio.sleep(self.lifetimes.get(uid, 30.0))
         if self.stage.calmed:
             return  # what runs at the calm runs on: the end state is steady
@@ -332,12 +339,25 @@ class PodWorld:
             self.stage.count("pod-finished")
             self.stage.log(f"pod {key[1]} {phase}")
 
-    def _set_phase(self, key: PodKey, uid: str, phase: str) -> bool:
+    async def _deadline(self, key: PodKey, uid: str) -> None:
+        """The kubelet's active deadline, counted from the pod's start: Failed, reason
+        DeadlineExceeded, once it passes (nothing here sets one after the start)."""
         pod = self._pod(key[1])
-        if pod is None or pod["metadata"]["uid"] != uid:
+        deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds") if pod else None
+        if deadline is None:
+            return
+        await asyncio.sleep(deadline)
+        if self._set_phase(key, uid, "Failed", reason="DeadlineExceeded"):
+            self.stage.count("pod-deadline-exceeded")
+            self.stage.log(f"pod {key[1]} Failed: DeadlineExceeded")
+
+    def _set_phase(self, key: PodKey, uid: str, phase: str, reason: str | None = None) -> bool:
+        pod = self._pod(key[1])
+        if pod is None or pod["metadata"]["uid"] != uid or finished(pod):
             return False
+        status: JSON = {"phase": phase, **({"reason": reason} if reason else {})}
         with contextlib.suppress(ApiError):
-            self.server.merge_patch(self._path(key[1]) + "/status", {"status": {"phase": phase}})
+            self.server.merge_patch(self._path(key[1]) + "/status", {"status": status})
             return True
         return False
 
