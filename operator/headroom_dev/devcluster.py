@@ -179,7 +179,10 @@ def _run(once: bool, signals: StopOnSignals) -> int:
         stack.callback(operator.stop)  # before start: a stop while it starts stops it too
         stack.callback(signals.shield)
         _say("starting the operator")
-        operator.start()
+        # A leader that has rebuilt its ledger: the demo's outcomes rest on its
+        # reservations being decided in the order they are created, which only the
+        # watch keeps; a rebuild that lists them orders one second's creations by name.
+        operator.start().wait_ready(body="ok")
         _say(f"control plane up at {plane.url}; CRDs: {', '.join(crds)}")
         _say(f"operator running (log: {operator.log}; metrics: {operator.metrics_url})")
         _say(f"demo nodes: {', '.join(n for n, _, _ in DEMO_NODES)}")
