@@ -10,6 +10,10 @@ device (``device_held``, what claims with an assignment put on each device,
 ``headroom.ledger.devices``). A claim with ``gpus: 0`` spans the node and has
 no assignment, so it is only in the sum; the sum check keeps the two kinds from
 overfilling the node together.
+
+What is held outside Headroom on the node's devices (``headroom.ledger.external``)
+is worked out from the ledger-wide holders, this node's devices, what its claims
+hold and which pods own them; it is kept while none of those changed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
 from headroom.ledger.entry import Entry
+from headroom.ledger.external import ExternalHoldings, Outside, PodKey
 from headroom.ledger.ratio import format_ratio
 
 
@@ -39,6 +44,8 @@ class NodeState:
     #: Device id -> MiB that admitted assignments hold on it, whether or not the
     #: device is in ``devices`` now (a device that went away keeps its holdings).
     device_held: dict[str, int] = field(default_factory=dict)
+    #: Holders outside Headroom, ledger-wide (DRA claims, device-plugin pods); None: none.
+    external: ExternalHoldings | None = None
     # The last device choice, kept while nothing it depends on changed: a decision asks
     # "does it fit?" and then "where?" of the same entry, back to back.
     _version: int = 0  # bumped by every change to holdings, devices or limits
@@ -47,6 +54,7 @@ class NodeState:
         -1,
         {},
     )
+    _outside: tuple[int, dict[str, Outside]] = (-1, {})  # (version, per device id)
 
     @property
     def known(self) -> bool:
@@ -73,6 +81,33 @@ class NodeState:
         device, and the node has an inventory."""
         return self.devices is not None and entry.gpus >= 1 and entry.vram_mb > 0
 
+    def own_devices(self) -> dict[PodKey, dict[str, int]]:
+        """Per owner pod, device id -> MiB its admitted claims hold on this node."""
+        own: dict[PodKey, dict[str, int]] = {}
+        for entry in self.entries.values():
+            if entry.owner.pod and entry.devices:
+                key = (entry.id.split("/", 1)[0], entry.owner.pod)
+                device_math.hold(own.setdefault(key, {}), entry.devices)
+        return own
+
+    def outside(self) -> dict[str, Outside]:
+        """What is held outside Headroom on each of the node's devices (by id)."""
+        version, found = self._outside
+        if version == self._version:
+            return found
+        found = {}
+        external, devices = self.external, self.devices
+        if external is not None and devices and external.any_on(self.name, devices):
+            found = external.outside(self.name, devices, self.device_held, self.own_devices())
+        self._outside = (self._version, found)
+        return found
+
+    def plugin_gpus(self) -> int:
+        """GPUs device-plugin pods here hold beyond the devices their own claims hold."""
+        if self.external is None:
+            return 0
+        return self.external.plugin_gpus(self.name, self.own_devices())
+
     def changed(self) -> None:
         """Devices or limits were set: a kept device choice no longer holds."""
         self._version += 1
@@ -98,6 +133,7 @@ class NodeState:
                 entry.gpus,
                 self.limits.max_vram_overcommit_ratio,
                 self.limits.gpu_policy,
+                self.outside(),
             )
             self._chosen = (entry, self._version, choice)
         return dict(choice) if isinstance(choice, dict) else choice

@@ -39,6 +39,8 @@ class NodeSummary:
     #: Each GPU device with what it holds and may hold; None: no inventory.
     devices: tuple[DeviceRoom, ...] | None = None
     gpu_policy: GpuPolicy = GpuPolicy.BINPACK
+    #: GPUs bound device-plugin pods hold beyond their own claims (taken as whole devices).
+    device_plugin_gpus: int = 0
 
     @property
     def largest_free_device_mb(self) -> int | None:
@@ -119,9 +121,15 @@ def summarize(state: NodeState, now: datetime) -> NodeSummary:
             None
             if state.devices is None
             else tuple(
-                rooms(state.devices, state.device_held, state.limits.max_vram_overcommit_ratio)
+                rooms(
+                    state.devices,
+                    state.device_held,
+                    state.limits.max_vram_overcommit_ratio,
+                    state.outside(),
+                )
             )
         ),
+        device_plugin_gpus=state.plugin_gpus() if state.devices is not None else 0,
         gpu_policy=state.limits.gpu_policy,
         limit_vram_mb=vram_limit,
         max_vram_overcommit_ratio=state.limits.max_vram_overcommit_ratio,
