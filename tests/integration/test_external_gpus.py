@@ -37,15 +37,18 @@ Start = Callable[..., OperatorProcess]
 GROUP, VERSION = "resource.k8s.io", "v1"
 
 
-def devices_of(custom: client.CustomObjectsApi, node: str) -> dict[str, dict[str, Any]]:
-    obj = custom.get_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms", node)
-    return {d["id"]: d for d in (obj.get("status") or {}).get("devices") or []}
-
-
 def headroom_status(custom: client.CustomObjectsApi, node: str) -> dict[str, Any]:
-    obj = custom.get_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms", node)
+    """The node's NodeHeadroom status; AssertionError (for ``eventually``) before it exists."""
+    try:
+        obj = custom.get_cluster_custom_object("headroom.dev", "v1alpha1", "nodeheadrooms", node)
+    except client.ApiException as error:
+        raise AssertionError(f"no NodeHeadroom for {node}: {error.status}") from None
     status: dict[str, Any] = obj.get("status") or {}
     return status
+
+
+def devices_of(custom: client.CustomObjectsApi, node: str) -> dict[str, dict[str, Any]]:
+    return {d["id"]: d for d in headroom_status(custom, node).get("devices") or []}
 
 
 def wait_device(custom: client.CustomObjectsApi, node: str, device: str, **expected: Any) -> None:
@@ -188,3 +191,42 @@ def test_a_device_plugin_pod_takes_a_whole_gpu_until_it_ends(
     assert [d["id"] for d in big["devices"]] == ["gfd-1"]
     wait_device(custom, node, "gfd-1", externalMB=0, heldOutside=None, freeMB=5 * GIB)
     assert headroom_status(custom, node)["devicePluginGPUs"] == 0
+
+
+def test_holders_there_before_the_operator_starts_count_in_its_first_decision(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    slices: Callable[..., None],  # noqa: F811
+    resource_claims: Callable[..., None],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """The rebuild lists claims and pods before it decides: a reservation created before
+    the start is decided against both holders, on one node's two GPUs."""
+    node = unique("both-held")
+    first, second = f"{node}-0", f"{node}-1"
+    make_node(node, memory="64Gi")
+    slices(resource_slice(node, node, [gpu(first, "80Gi"), gpu(second, "80Gi")]))
+    resource_claims(namespace, "trainer", node, first, None)
+    pod = {
+        "metadata": {"name": "cuda"},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
+    }
+    core.create_namespaced_pod(namespace, pod)
+    rsv.create(custom, namespace, "early", node, 16, 1 * GIB)  # undecided until the start
+    run_operator()
+    phase, reason, _ = decided(custom, namespace, "early")
+    assert (phase, reason) == ("Rejected", "InsufficientVRAM")
+    wait_device(custom, node, f"GPU-{first}", freeMB=0, heldOutside="ResourceClaim")
+    wait_device(custom, node, f"GPU-{second}", freeMB=0, heldOutside="DevicePlugin")
+    assert headroom_status(custom, node)["vramCapacityMB"] == 2 * 80 * GIB

@@ -96,5 +96,10 @@ class PodRequestsFeed:
             self._state.dirty_nodes.update(moved)
             self._state.room_nodes.update(moved)
         self._changed()
-        log.info("pods' memory requests: %d bound pods", len(self._state.ledger.pods))
+        ledger = self._state.ledger
+        log.info(
+            "pods' memory requests: %d bound pods; %d holding device-plugin GPUs",
+            len(ledger.pods),
+            ledger.external.pods_with_gpus(),
+        )
         return str(version)

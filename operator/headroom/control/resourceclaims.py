@@ -125,6 +125,11 @@ class ResourceClaims:
             return None
         self._version = listed[1]
         self._served.set()
+        log.info(
+            "ResourceClaims: %d allocated on devices of %s",
+            self._state.ledger.external.claims_allocated(),
+            ", ".join(sorted(self._drivers)),
+        )
         return listed[1]
 
     async def resync(self) -> None:
