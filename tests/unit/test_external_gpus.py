@@ -100,6 +100,7 @@ def test_an_admitted_claim_is_never_revoked_the_device_just_shows_nothing_free()
     ledger.set_resource_claim(("ml", "late"), DraClaim({REF_A: 40 * GIB}))
     assert ledger.get("ml/first") is not None
     assert free(ledger) == {A: 0}  # 80 − 60 − 40 < 0: shown as 0
+    assert ledger.node_summary("n1", NOW).over_committed
     assert not ledger.reserve(claim("more", 1), NOW).admitted
 
 
@@ -143,6 +144,7 @@ def test_a_device_plugin_pod_takes_the_emptiest_device_and_gives_it_back_when_it
     assert ledger.set_device_plugin_pod(("ml", "cuda"), "n1", 1) == {"n1"}
     assert free(ledger) == {A: 70 * GIB, B: 0}
     summary = ledger.node_summary("n1", NOW)
+    assert not summary.over_committed
     assert summary.device_plugin_gpus == 1
     assert [room.plugin for room in summary.devices or ()] == [False, True]
     assert ledger.set_device_plugin_pod(("ml", "cuda"), "n1", 1) == set()  # no change
@@ -210,6 +212,7 @@ def test_what_is_offered_never_exceeds_memory_minus_outside_minus_admitted(
     pods = {f"pod-{n}": k for kind, n, k, _ in events if kind == "pod"}
     plugin_held = [room for room in summary.devices or () if room.plugin]
     assert len(plugin_held) == min(len(devices), sum(pods.values()))
+    assert not summary.over_committed  # every claim was decided after the holders
     for room in summary.devices or ():
         assert room.free_mb is not None
         assert room.free_mb <= max(0, memory[room.device.id] - room.external_mb - room.held_mb)

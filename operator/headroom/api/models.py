@@ -431,7 +431,8 @@ class NodeHeadroomStatus(_Model):
         alias="overCommitted",
         description=(
             "Reserved RAM or VRAM exceeds the limit, or a device holds more than its limit "
-            "(e.g. after the node shrank or a GPU went away)."
+            "(e.g. after the node shrank or a GPU went away, or a holder outside Headroom "
+            "came after its claims)."
         ),
     )
     gpu_source: str | None = Field(
