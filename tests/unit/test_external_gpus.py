@@ -325,3 +325,21 @@ def test_a_pods_device_plugin_gpus_are_booked_as_the_scheduler_books_them() -> N
     assert device_plugin_gpus({"spec": {"containers": [container("x")]}}, names) == 0
     assert device_plugin_gpus({"spec": {"containers": [container("2", "requests")]}}, names) == 2
     assert device_plugin_gpus("pod", names) == 0
+
+
+@given(
+    DEVICES, st.lists(st.tuples(st.booleans(), st.integers(1, 32)), max_size=8), st.integers(1, 4)
+)
+def test_a_pods_own_claims_offset_its_gpus_through_any_admissions_and_releases(
+    devices: tuple[GpuDevice, ...], steps: list[tuple[bool, int]], gpus: int
+) -> None:
+    ledger = gpu_node(devices)
+    ledger.set_device_plugin_pod(("ml", "cuda"), "n1", gpus)
+    for number, (release, size) in enumerate(steps):
+        ledger.reserve(claim(f"own{number}", size * GIB, pod="cuda"), NOW)
+        if release and ledger.get(f"ml/own{number - 1}") is not None:
+            ledger.release(f"ml/own{number - 1}")
+    mine = set()
+    for entry in ledger.entries():
+        mine.update(device for device, mib in entry.devices.items() if mib)
+    assert ledger.node_summary("n1", NOW).device_plugin_gpus == max(0, gpus - len(mine))

@@ -46,6 +46,9 @@ class NodeState:
     device_held: dict[str, int] = field(default_factory=dict)
     #: Holders outside Headroom, ledger-wide (DRA claims, device-plugin pods); None: none.
     external: ExternalHoldings | None = None
+    #: Per owner pod, device id -> MiB its admitted claims hold here (what offsets the
+    #: pod's holdings outside Headroom), kept with ``device_held``.
+    own: dict[PodKey, dict[str, int]] = field(default_factory=dict)
     # The last device choice, kept while nothing it depends on changed: a decision asks
     # "does it fit?" and then "where?" of the same entry, back to back.
     _version: int = 0  # bumped by every change to holdings, devices or limits
@@ -81,14 +84,17 @@ class NodeState:
         device, and the node has an inventory."""
         return self.devices is not None and entry.gpus >= 1 and entry.vram_mb > 0
 
-    def own_devices(self) -> dict[PodKey, dict[str, int]]:
-        """Per owner pod, device id -> MiB its admitted claims hold on this node."""
-        own: dict[PodKey, dict[str, int]] = {}
-        for entry in self.entries.values():
-            if entry.owner.pod and entry.devices:
-                key = (entry.id.split("/", 1)[0], entry.owner.pod)
-                device_math.hold(own.setdefault(key, {}), entry.devices)
-        return own
+    def _own(self, entry: Entry, sign: int) -> None:
+        """Keep ``own`` with an entry's assignment held (+1) or released (-1)."""
+        if not entry.owner.pod or not entry.devices:
+            return
+        key = (entry.id.split("/", 1)[0], entry.owner.pod)
+        if sign > 0:
+            device_math.hold(self.own.setdefault(key, {}), entry.devices)
+        elif (held := self.own.get(key)) is not None:
+            device_math.release(held, entry.devices)
+            if not held:
+                del self.own[key]
 
     def outside(self) -> dict[str, Outside]:
         """What is held outside Headroom on each of the node's devices (by id)."""
@@ -98,7 +104,7 @@ class NodeState:
         found = {}
         external, devices = self.external, self.devices
         if external is not None and devices and external.any_on(self.name, devices):
-            found = external.outside(self.name, devices, self.device_held, self.own_devices())
+            found = external.outside(self.name, devices, self.device_held, self.own)
         self._outside = (self._version, found)
         return found
 
@@ -106,7 +112,7 @@ class NodeState:
         """GPUs device-plugin pods here hold beyond the devices their own claims hold."""
         if self.external is None:
             return 0
-        return self.external.plugin_gpus(self.name, self.own_devices())
+        return self.external.plugin_gpus(self.name, self.own)
 
     def changed(self) -> None:
         """Devices or limits were set: a kept device choice no longer holds."""
@@ -162,6 +168,7 @@ class NodeState:
         for entry in sorted(unplaced, key=lambda e: (e.created_at, e.id)):
             entry.devices = self.forced_assignment(entry)
             device_math.hold(self.device_held, entry.devices)
+            self._own(entry, +1)
             self.changed()
 
     def over_committed_devices(self) -> list[device_math.OverCommit]:
@@ -213,6 +220,7 @@ class NodeState:
         self.reserved_ram_mb += entry.ram_mb
         self.reserved_vram_mb += entry.vram_mb
         device_math.hold(self.device_held, entry.devices)
+        self._own(entry, +1)
 
     def remove(self, entry_id: str) -> Entry:
         self._version += 1
@@ -220,4 +228,5 @@ class NodeState:
         self.reserved_ram_mb -= entry.ram_mb
         self.reserved_vram_mb -= entry.vram_mb
         device_math.release(self.device_held, entry.devices)
+        self._own(entry, -1)
         return entry
