@@ -621,7 +621,14 @@ def test_the_webhook_certificate_works_with_only_the_charts_rbac(
 
 @pytest.mark.parametrize(
     "resource",
-    ["reservations/status", "reservations", "resourceslices", "headroomquotas", "namespaces"],
+    [
+        "reservations/status",
+        "reservations",
+        "resourceslices",
+        "resourceclaims",
+        "headroomquotas",
+        "namespaces",
+    ],
 )
 def test_a_rule_is_necessary(
     installed: None,

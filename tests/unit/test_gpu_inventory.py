@@ -95,10 +95,11 @@ def memories(inventory: GpuInventory) -> dict[str, int]:
 def test_full_gpus_from_a_slice_by_uuid_with_memory_in_mib() -> None:
     inventory = gpu_inventory(node(), [rslice([gpu(0), gpu(1)])])
     assert inventory.source is InventorySource.DRA
+    ref = "gpu.nvidia.com/gpu-1/gpu"
     assert inventory.devices == (
-        GpuDevice(UUID.format(0), 81920, DeviceKind.GPU, None, "NVIDIA H100 80GB HBM3"),
-        GpuDevice(UUID.format(1), 81920, DeviceKind.GPU, None, "NVIDIA H100 80GB HBM3"),
-    )
+        GpuDevice(UUID.format(0), 81920, DeviceKind.GPU, None, "NVIDIA H100 80GB HBM3", f"{ref}-0"),
+        GpuDevice(UUID.format(1), 81920, DeviceKind.GPU, None, "NVIDIA H100 80GB HBM3", f"{ref}-1"),
+    )  # ref: the DRA name a ResourceClaim's allocation gives the device by
     assert inventory.total_mb == 163840
 
 

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from headroom.api.constants import (
+    DEFAULT_DEVICE_PLUGIN_RESOURCES,
     DEFAULT_DRA_DRIVERS,
     DEFAULT_MAX_ENTRIES_PER_NODE,
     DEFAULT_SYSTEM_RESERVE_MB,
@@ -53,6 +54,15 @@ Duration = Annotated[timedelta, BeforeValidator(partial(parse_duration, low=time
 Ratio = Annotated[Fraction, BeforeValidator(parse_ratio)]
 #: A DRA driver's name, as ``spec.driver`` of a ResourceSlice spells it.
 DriverName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+#: An extended resource a device plugin advertises, ``<domain>/<name>`` (``nvidia.com/gpu``).
+ExtendedResource = Annotated[
+    str,
+    Field(
+        min_length=3,
+        max_length=316,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+    ),
+]
 
 
 class LimitsConfig(BaseModel):
@@ -102,6 +112,15 @@ class GpusConfig(BaseModel):
         description=(
             "DRA drivers whose node-local ResourceSlices are read as GPU devices; "
             "empty: ResourceSlices are not read (HAMi or GFD only)."
+        ),
+    )
+    device_plugin_resources: tuple[ExtendedResource, ...] = Field(
+        DEFAULT_DEVICE_PLUGIN_RESOURCES,
+        alias="devicePluginResources",
+        max_length=MAX_DRA_DRIVERS,
+        description=(
+            "Extended resources that device plugins give whole GPUs by: a bound pod asking "
+            "k of them holds k of its node's devices; empty: pods' GPUs are not counted."
         ),
     )
 

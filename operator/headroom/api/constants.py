@@ -58,6 +58,8 @@ MIG_LABEL_PREFIX = "nvidia.com/mig-"
 HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 #: The DRA drivers whose ResourceSlices are read as GPU inventory, by default.
 DEFAULT_DRA_DRIVERS = ("gpu.nvidia.com",)
+#: Extended resources by which device plugins give pods whole GPUs.
+DEFAULT_DEVICE_PLUGIN_RESOURCES = ("nvidia.com/gpu",)
 
 # -- bounds ---------------------------------------------------------------------------------
 

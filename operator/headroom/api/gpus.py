@@ -50,7 +50,9 @@ class GpuDevice:
     what ``CUDA_VISIBLE_DEVICES`` takes), else a stable synthetic name (a
     ResourceSlice's ``<driver>/<pool>/<device>``, or ``gfd-0``… for labels).
     ``memory_mb`` is whole MiB, rounded down. ``parent`` is a MIG device's GPU
-    UUID when the source says it.
+    UUID when the source says it. ``ref`` is a ResourceSlice device's DRA name,
+    ``<driver>/<pool>/<device>``, as a ResourceClaim's allocation names it (empty for
+    other sources): what ties a DRA allocation to this device.
     """
 
     id: str
@@ -58,3 +60,4 @@ class GpuDevice:
     kind: DeviceKind = DeviceKind.GPU
     parent: str | None = None
     model: str = ""
+    ref: str = ""

@@ -322,10 +322,31 @@ class DeviceHeadroom(_Model):
     model: str | None = Field(None, max_length=253, description="Product name, if known.")
     memory_mb: MB = Field(alias="memoryMB", description="Its memory, MiB.")
     reserved_mb: SumMB = Field(alias="reservedMB", description="Held by admitted claims, MiB.")
+    external_mb: SumMB = Field(
+        0,
+        alias="externalMB",
+        description=(
+            "Held outside Headroom, MiB: by allocated DRA ResourceClaims (their "
+            "consumedCapacity memory, or the whole device) and by device-plugin pods "
+            "(whole devices), beyond what those pods' own claims hold here."
+        ),
+    )
+    held_outside: Literal["DevicePlugin", "ResourceClaim"] | None = Field(
+        None,
+        alias="heldOutside",
+        description=(
+            "Set when the whole device is someone else's, so nothing of it is free: "
+            "DevicePlugin (a bound pod's nvidia.com/gpu, taken as the emptiest devices: "
+            "the API does not say which) or ResourceClaim (allocated whole)."
+        ),
+    )
     free_mb: MB | None = Field(
         None,
         alias="freeMB",
-        description="memory × VRAM ratio − reserved; absent when unlimited (ratio 0).",
+        description=(
+            "memory × VRAM ratio − reserved − external (0 when held whole outside); "
+            "absent when unlimited (ratio 0)."
+        ),
     )
 
 
@@ -410,7 +431,8 @@ class NodeHeadroomStatus(_Model):
         alias="overCommitted",
         description=(
             "Reserved RAM or VRAM exceeds the limit, or a device holds more than its limit "
-            "(e.g. after the node shrank or a GPU went away)."
+            "(e.g. after the node shrank or a GPU went away, or a holder outside Headroom "
+            "came after its claims)."
         ),
     )
     gpu_source: str | None = Field(
@@ -429,6 +451,15 @@ class NodeHeadroomStatus(_Model):
         None,
         alias="largestFreeDeviceMB",
         description="The most VRAM free on one device, MiB: the largest one-GPU claim that fits.",
+    )
+    device_plugin_gpus: int | None = Field(
+        None,
+        alias="devicePluginGPUs",
+        ge=0,
+        description=(
+            "GPUs that pods bound here hold through the device plugin beyond the devices "
+            "their own claims hold; each is taken as a whole device (heldOutside)."
+        ),
     )
     devices: list[DeviceHeadroom] | None = Field(
         None, max_length=MAX_GPUS, description="Every GPU device, by id."

@@ -27,6 +27,8 @@ NODES = resource_path("", "v1", "nodes")
 PODS = resource_path("", "v1", "pods")
 #: DRA ResourceSlices (cluster-scoped): a node's GPU devices, when a DRA driver publishes them.
 RESOURCE_SLICES = resource_path("resource.k8s.io", "v1", "resourceslices")
+#: DRA ResourceClaims, in every namespace: GPUs allocated to pods outside Headroom.
+RESOURCE_CLAIMS = resource_path("resource.k8s.io", "v1", "resourceclaims")
 HEADROOM_QUOTAS = resource_path(GROUP, VERSION, "headroomquotas")
 NAMESPACES = resource_path("", "v1", "namespaces")
 

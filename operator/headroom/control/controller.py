@@ -38,6 +38,7 @@ from headroom.control.quotas import QuotaFeed
 from headroom.control.quotastatus import QuotaStatuses
 from headroom.control.reclaim import Reclaimer
 from headroom.control.reconcile import Reconciler
+from headroom.control.resourceclaims import ResourceClaims
 from headroom.control.slices import Slices
 from headroom.control.state import State
 from headroom.control.summaries import Summaries
@@ -65,6 +66,7 @@ class ListVersions(NamedTuple):
     claims: str
     all_pods: str
     slices: str | None  # None: ResourceSlices not served (the watch waits for a resync)
+    resource_claims: str | None  # None: likewise for ResourceClaims
     quotas: str
     namespaces: str
 
@@ -190,9 +192,25 @@ class Controller:
             reclaim=self.reclaimer.reclaim,
             rng=self.rng,
         )
+        self.resource_claims = ResourceClaims(
+            state,
+            transport,
+            self.clock,
+            drivers=config.gpus.dra_drivers,
+            changed=lambda: self.admission.wake(),
+            rng=self.rng,
+        )
+        gpu_resources = config.gpus.device_plugin_resources
         self.pod_requests = (
-            PodRequestsFeed(state, transport, self.clock, changed=lambda: self.admission.wake())
-            if config.pod_requests == "subtract"
+            PodRequestsFeed(
+                state,
+                transport,
+                self.clock,
+                changed=lambda: self.admission.wake(),
+                memory=config.pod_requests == "subtract",
+                gpu_resources=gpu_resources,
+            )
+            if config.pod_requests == "subtract" or gpu_resources
             else None
         )
         self.gates = Gates(
@@ -269,6 +287,12 @@ class Controller:
         spawn(
             "watch-resourceslices",
             self.slices.follow(versions.slices, restarted=self._restarted("resourceslices")),
+        )
+        spawn(
+            "watch-resourceclaims",
+            self.resource_claims.follow(
+                versions.resource_claims, restarted=self._restarted("resourceclaims")
+            ),
         )
         watches: list[tuple[str, str, str, Any, Any, str | None]] = [
             # (name, path, from version, on event, relist, label selector)
@@ -356,6 +380,8 @@ class Controller:
         nodes, node_version = await list_all(self.transport, NODES)
         # Each node's GPU inventory, before any admission is restored or decided against it.
         slice_version = await self.slices.take_listed()
+        # GPUs that DRA claims hold, likewise (tied to devices by their DRA names).
+        claims_version = await self.resource_claims.take_listed()
         # Every quota and namespace: usage is rebuilt with the ledger, before any decision.
         quota_version, namespace_version = await self.quotas.take_listed()
         # What pods requested, before any admission is restored or decided against it.
@@ -390,6 +416,7 @@ class Controller:
             claim_version,
             all_pods,
             slice_version,
+            claims_version,
             quota_version,
             namespace_version,
         )
@@ -405,6 +432,7 @@ class Controller:
             steps = [
                 self.resync,
                 self.slices.resync,
+                self.resource_claims.resync,
                 self.quotas.resync,
                 self.nodes.relist,
                 self.owners.relist,

@@ -6,6 +6,11 @@ cost a few MB. A pod counts while it is bound and neither Succeeded nor Failed; 
 ledger subtracts from its node's limit what it requested beyond its claims
 (``headroom.ledger.pods``). Lists are read page by page and never held whole.
 
+The same feed counts device-plugin GPUs (``gpus.devicePluginResources``,
+``nvidia.com/gpu`` by default): a bound pod that has not ended holds that many whole
+devices of its node (``headroom.ledger.external``). Either half can be off
+(``podRequests: ignore``, or no resources); the pods are followed while one is on.
+
 A change is followed as fast as the watch delivers it; a node whose figure fell
 may have room for a waiting reservation, so the decider is woken.
 """
@@ -13,12 +18,13 @@ may have room for a waiting reservation, so the decider is woken.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from headroom.api.paths import PODS
 from headroom.control.state import PodKey, State, pod_key
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, Transport
+from headroom.objects.external import device_plugin_gpus
 from headroom.objects.podmemory import memory_request_mb
 from headroom.objects.pods import bound_node, is_finished
 
@@ -28,9 +34,19 @@ _PAGE = 500
 
 class PodRequestsFeed:
     def __init__(
-        self, state: State, transport: Transport, clock: Clock, *, changed: Callable[[], None]
+        self,
+        state: State,
+        transport: Transport,
+        clock: Clock,
+        *,
+        changed: Callable[[], None],
+        memory: bool = True,
+        gpu_resources: Collection[str] = (),
     ) -> None:
+        """``memory``: count pods' memory requests; ``gpu_resources``: the extended
+        resources whose count is device-plugin GPUs (none: not counted)."""
         self._state, self._transport, self._clock, self._changed = state, transport, clock, changed
+        self._memory, self._gpu_resources = memory, tuple(gpu_resources)
         self._seen: dict[PodKey, float] = {}  # monotonic: when a watch or a list last said
 
     def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
@@ -40,12 +56,18 @@ class PodRequestsFeed:
         self._seen[key] = self._clock.monotonic() if listed_at is None else listed_at
         ledger = self._state.ledger
         node = bound_node(obj)
+        moved: set[str] = set()
         if event_type == "DELETED" or node is None or is_finished(obj):
-            moved = ledger.remove_pod_request(key)
+            if self._memory:
+                moved = ledger.remove_pod_request(key)
+            moved |= ledger.set_device_plugin_pod(key, None, 0)
             if event_type == "DELETED":
                 del self._seen[key]
         else:
-            moved = ledger.set_pod_request(key, node, memory_request_mb(obj))
+            if self._memory:
+                moved = ledger.set_pod_request(key, node, memory_request_mb(obj))
+            gpus = device_plugin_gpus(obj, self._gpu_resources)
+            moved |= ledger.set_device_plugin_pod(key, node, gpus)
         if moved:
             self._state.dirty_nodes.update(moved)
             self._state.room_nodes.update(moved)
@@ -70,8 +92,14 @@ class PodRequestsFeed:
         for key in [k for k, at in self._seen.items() if k not in listed and at < asked]:
             del self._seen[key]
             moved = self._state.ledger.remove_pod_request(key)
+            moved |= self._state.ledger.set_device_plugin_pod(key, None, 0)
             self._state.dirty_nodes.update(moved)
             self._state.room_nodes.update(moved)
         self._changed()
-        log.info("pods' memory requests: %d bound pods", len(self._state.ledger.pods))
+        ledger = self._state.ledger
+        log.info(
+            "pods' memory requests: %d bound pods; %d holding device-plugin GPUs",
+            len(ledger.pods),
+            ledger.external.pods_with_gpus(),
+        )
         return str(version)

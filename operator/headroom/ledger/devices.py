@@ -11,6 +11,10 @@ A device's limit is ``floor(memory × ratio)`` with the ratio an exact Fraction,
 as for a node's RAM (``headroom.ledger.node``): the one floor rounds against
 admission. Ratio 0 means unlimited, as it does for RAM.
 
+What is held outside Headroom (``headroom.ledger.external``: DRA ResourceClaims,
+device-plugin pods) comes off a device's limit; a device held whole by someone else
+has nothing free, whatever the ratio.
+
 Among the devices with room, ``binpack`` takes the fullest: the least free MiB
 after what it holds (best fit, which keeps large devices whole for large
 claims; with equal devices that is the one holding most). ``spread`` takes the
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from headroom.api.gpus import GpuDevice, GpuPolicy
+from headroom.ledger.external import Outside
 from headroom.ledger.ratio import format_ratio
 
 #: Device id -> MiB held on it by admitted claims.
@@ -61,26 +66,44 @@ class DeviceRoom:
     device: GpuDevice
     held_mb: int
     limit_mb: int | None  # None: unlimited (ratio 0)
+    external_mb: int = 0  # held outside Headroom (DRA claims, device-plugin pods)
+    whole: bool = False  # held whole outside Headroom: nothing free
+    plugin: bool = False  # ... by a device-plugin pod (taken as the emptiest device)
 
     @property
     def free_mb(self) -> int | None:
-        """MiB still free (0 when over-committed); None when unlimited."""
-        return None if self.limit_mb is None else max(self.limit_mb - self.held_mb, 0)
+        """MiB still free (0 when over-committed or held whole outside); None when
+        unlimited."""
+        if self.whole:
+            return 0
+        if self.limit_mb is None:
+            return None
+        return max(self.limit_mb - self.held_mb - self.external_mb, 0)
 
     def fits(self, share: int) -> bool:
         free = self.free_mb
         return free is None or free >= share
 
 
-def rooms(devices: Iterable[GpuDevice], held: Held, ratio: Fraction) -> list[DeviceRoom]:
-    """Every device with its holdings and limit, ordered by id."""
-    return sorted(
-        (
-            DeviceRoom(device, held.get(device.id, 0), device_limit_mb(device.memory_mb, ratio))
-            for device in devices
-        ),
-        key=lambda room: room.device.id,
-    )
+_NOTHING_OUTSIDE = Outside(0, False)
+
+
+def rooms(
+    devices: Iterable[GpuDevice],
+    held: Held,
+    ratio: Fraction,
+    outside: Mapping[str, Outside] | None = None,
+) -> list[DeviceRoom]:
+    """Every device with its holdings and limit, ordered by id; ``outside``: what is
+    held outside Headroom, by device id."""
+    found: list[DeviceRoom] = []
+    for device in devices:
+        there = (outside or {}).get(device.id, _NOTHING_OUTSIDE)
+        limit = device_limit_mb(device.memory_mb, ratio)
+        found.append(
+            DeviceRoom(device, held.get(device.id, 0), limit, there.mb, there.whole, there.plugin)
+        )
+    return sorted(found, key=lambda room: room.device.id)
 
 
 def _fullness(room: DeviceRoom) -> int:
@@ -119,9 +142,16 @@ class DeviceRefusal:
         room = self.largest
         ratio = "" if self.ratio == 1 else f" × {format_ratio(self.ratio)}"
         largest = "largest" if self.fitting == 0 else "next largest"
+        outside = ""
+        if room.plugin:
+            outside = ", held by a device-plugin pod"
+        elif room.whole:
+            outside = ", allocated whole by a ResourceClaim"
+        elif room.external_mb:
+            outside = f", {room.external_mb} held outside Headroom"
         return (
             f"{text}; {largest} free {room.free_mb} MiB ({short_id(room.device.id)} "
-            f"{format_mib(room.device.memory_mb)}{ratio}, {room.held_mb} held)"
+            f"{format_mib(room.device.memory_mb)}{ratio}, {room.held_mb} held{outside})"
         )
 
 
@@ -132,6 +162,7 @@ def choose_devices(
     gpus: int,
     ratio: Fraction,
     policy: GpuPolicy,
+    outside: Mapping[str, Outside] | None = None,
 ) -> Assignment | DeviceRefusal:
     """The devices a claim of ``vram_mb`` over ``gpus`` devices goes on, or why none.
 
@@ -143,7 +174,7 @@ def choose_devices(
     if gpus < 1 or vram_mb < 1:
         raise ValueError(f"a device claim needs gpus >= 1 and vram_mb >= 1, got {gpus}, {vram_mb}")
     share = share_mb(vram_mb, gpus)
-    every = rooms(devices, held, ratio)
+    every = rooms(devices, held, ratio, outside)
     fitting = [room for room in every if room.fits(share)]
     if len(fitting) < gpus:
         short = [room for room in every if not room.fits(share)]

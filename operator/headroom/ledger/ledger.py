@@ -43,6 +43,7 @@ from headroom.ledger.decisions import (
     UnknownEntryError,
 )
 from headroom.ledger.entry import Entry
+from headroom.ledger.external import ClaimKey, DraClaim, ExternalHoldings
 from headroom.ledger.node import NodeState
 from headroom.ledger.pods import PodKey, PodRequests
 from headroom.ledger.queue import Waiting, WaitQueues
@@ -63,6 +64,7 @@ class Ledger:
         self._failures: Counter[Reason] = Counter()
         self.waiting = WaitQueues()
         self.pods = PodRequests()
+        self.external = ExternalHoldings()  # GPUs held outside Headroom (ledger.external)
         self.quotas = Quotas()
         self._quota_changes_seen = 0  # Quotas.changes when pods' waiters were last looked at
 
@@ -71,7 +73,7 @@ class Ledger:
     def _node(self, name: str) -> NodeState:
         state = self._nodes.get(name)
         if state is None:
-            state = self._nodes[name] = NodeState(name, self.limits)
+            state = self._nodes[name] = NodeState(name, self.limits, external=self.external)
             state.pod_requests_mb = self.pods.on(name)
         return state
 
@@ -89,6 +91,23 @@ class Ledger:
             state = self._nodes.get(node)
             if state is not None:
                 state.pod_requests_mb = self.pods.on(node)
+        return nodes
+
+    # -- GPUs held outside Headroom (headroom.ledger.external) ----------------------------
+
+    def set_resource_claim(self, key: ClaimKey, claim: DraClaim | None) -> set[str]:
+        """A DRA ResourceClaim's allocation (None: deallocated or gone); the nodes it moved."""
+        return self._touch(self.external.set_claim(key, claim))
+
+    def set_device_plugin_pod(self, key: PodKey, node: str | None, gpus: int) -> set[str]:
+        """A pod bound to ``node`` holds ``gpus`` device-plugin GPUs (None or 0: none)."""
+        return self._touch(self.external.set_pod(key, node, gpus))
+
+    def _touch(self, nodes: set[str]) -> set[str]:
+        for node in nodes:
+            state = self._nodes.get(node)
+            if state is not None:
+                state.changed()
         return nodes
 
     def _claimed(self, entry: Entry, sign: int) -> None:
@@ -123,6 +142,7 @@ class Ledger:
         the node had an inventory, or before the upgrade that brought devices) are
         placed now, oldest first, so that new claims see them.
         """
+        self.external.set_devices(node, devices)
         self._node(node).set_devices(devices)
 
     def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
@@ -143,6 +163,7 @@ class Ledger:
         state = self._nodes.get(node)
         if state is None:
             return
+        self.external.set_devices(node, None)
         if state.entries:
             old_window = state.limits.heartbeat_stale_window
             state.total_ram_mb = state.vram_mb = state.devices = None

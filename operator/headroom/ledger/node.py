@@ -10,6 +10,10 @@ device (``device_held``, what claims with an assignment put on each device,
 ``headroom.ledger.devices``). A claim with ``gpus: 0`` spans the node and has
 no assignment, so it is only in the sum; the sum check keeps the two kinds from
 overfilling the node together.
+
+What is held outside Headroom on the node's devices (``headroom.ledger.external``)
+is worked out from the ledger-wide holders, this node's devices, what its claims
+hold and which pods own them; it is kept while none of those changed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
 from headroom.ledger.entry import Entry
+from headroom.ledger.external import ExternalHoldings, Outside, PodKey
 from headroom.ledger.ratio import format_ratio
 
 
@@ -39,6 +44,11 @@ class NodeState:
     #: Device id -> MiB that admitted assignments hold on it, whether or not the
     #: device is in ``devices`` now (a device that went away keeps its holdings).
     device_held: dict[str, int] = field(default_factory=dict)
+    #: Holders outside Headroom, ledger-wide (DRA claims, device-plugin pods); None: none.
+    external: ExternalHoldings | None = None
+    #: Per owner pod, device id -> MiB its admitted claims hold here (what offsets the
+    #: pod's holdings outside Headroom), kept with ``device_held``.
+    own: dict[PodKey, dict[str, int]] = field(default_factory=dict)
     # The last device choice, kept while nothing it depends on changed: a decision asks
     # "does it fit?" and then "where?" of the same entry, back to back.
     _version: int = 0  # bumped by every change to holdings, devices or limits
@@ -47,6 +57,7 @@ class NodeState:
         -1,
         {},
     )
+    _outside: tuple[int, dict[str, Outside]] = (-1, {})  # (version, per device id)
 
     @property
     def known(self) -> bool:
@@ -73,6 +84,36 @@ class NodeState:
         device, and the node has an inventory."""
         return self.devices is not None and entry.gpus >= 1 and entry.vram_mb > 0
 
+    def _own(self, entry: Entry, sign: int) -> None:
+        """Keep ``own`` with an entry's assignment held (+1) or released (-1)."""
+        if not entry.owner.pod or not entry.devices:
+            return
+        key = (entry.id.split("/", 1)[0], entry.owner.pod)
+        if sign > 0:
+            device_math.hold(self.own.setdefault(key, {}), entry.devices)
+        elif (held := self.own.get(key)) is not None:
+            device_math.release(held, entry.devices)
+            if not held:
+                del self.own[key]
+
+    def outside(self) -> dict[str, Outside]:
+        """What is held outside Headroom on each of the node's devices (by id)."""
+        version, found = self._outside
+        if version == self._version:
+            return found
+        found = {}
+        external, devices = self.external, self.devices
+        if external is not None and devices and external.any_on(self.name, devices):
+            found = external.outside(self.name, devices, self.device_held, self.own)
+        self._outside = (self._version, found)
+        return found
+
+    def plugin_gpus(self) -> int:
+        """GPUs device-plugin pods here hold beyond the devices their own claims hold."""
+        if self.external is None:
+            return 0
+        return self.external.plugin_gpus(self.name, self.own)
+
     def changed(self) -> None:
         """Devices or limits were set: a kept device choice no longer holds."""
         self._version += 1
@@ -98,6 +139,7 @@ class NodeState:
                 entry.gpus,
                 self.limits.max_vram_overcommit_ratio,
                 self.limits.gpu_policy,
+                self.outside(),
             )
             self._chosen = (entry, self._version, choice)
         return dict(choice) if isinstance(choice, dict) else choice
@@ -126,6 +168,7 @@ class NodeState:
         for entry in sorted(unplaced, key=lambda e: (e.created_at, e.id)):
             entry.devices = self.forced_assignment(entry)
             device_math.hold(self.device_held, entry.devices)
+            self._own(entry, +1)
             self.changed()
 
     def over_committed_devices(self) -> list[device_math.OverCommit]:
@@ -177,6 +220,7 @@ class NodeState:
         self.reserved_ram_mb += entry.ram_mb
         self.reserved_vram_mb += entry.vram_mb
         device_math.hold(self.device_held, entry.devices)
+        self._own(entry, +1)
 
     def remove(self, entry_id: str) -> Entry:
         self._version += 1
@@ -184,4 +228,5 @@ class NodeState:
         self.reserved_ram_mb -= entry.ram_mb
         self.reserved_vram_mb -= entry.vram_mb
         device_math.release(self.device_held, entry.devices)
+        self._own(entry, -1)
         return entry

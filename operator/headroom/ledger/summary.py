@@ -39,6 +39,8 @@ class NodeSummary:
     #: Each GPU device with what it holds and may hold; None: no inventory.
     devices: tuple[DeviceRoom, ...] | None = None
     gpu_policy: GpuPolicy = GpuPolicy.BINPACK
+    #: GPUs bound device-plugin pods hold beyond their own claims (taken as whole devices).
+    device_plugin_gpus: int = 0
 
     @property
     def largest_free_device_mb(self) -> int | None:
@@ -91,11 +93,33 @@ def allocatable(state: NodeState) -> int:
     return max(limit - state.reserved_ram_mb, 0)
 
 
+def _shared(room: DeviceRoom) -> bool:
+    """Admitted claims and holders outside Headroom together need more than the device
+    has: a holder that came after them (they are never revoked)."""
+    if not room.held_mb or not (room.whole or room.external_mb):
+        return False
+    return room.whole or (
+        room.limit_mb is not None and room.held_mb + room.external_mb > room.limit_mb
+    )
+
+
 def summarize(state: NodeState, now: datetime) -> NodeSummary:
     window = state.limits.heartbeat_stale_window
     stale = sum(1 for e in state.entries.values() if e.is_stale(now, window))
     total = state.total_ram_mb or 0
     limit, vram_limit = state.limit_ram_mb(), state.limit_vram_mb()
+    devices = (
+        None
+        if state.devices is None
+        else tuple(
+            rooms(
+                state.devices,
+                state.device_held,
+                state.limits.max_vram_overcommit_ratio,
+                state.outside(),
+            )
+        )
+    )
     return NodeSummary(
         node=state.name,
         capacity_known=state.known,
@@ -114,14 +138,10 @@ def summarize(state: NodeState, now: datetime) -> NodeSummary:
         utilization_pct=100.0 * state.reserved_ram_mb / total if total else 0.0,
         over_committed=(limit is not None and state.reserved_ram_mb > limit)
         or (vram_limit is not None and state.reserved_vram_mb > vram_limit)
-        or bool(state.devices is not None and state.over_committed_devices()),
-        devices=(
-            None
-            if state.devices is None
-            else tuple(
-                rooms(state.devices, state.device_held, state.limits.max_vram_overcommit_ratio)
-            )
-        ),
+        or bool(state.devices is not None and state.over_committed_devices())
+        or any(_shared(room) for room in devices or ()),
+        devices=devices,
+        device_plugin_gpus=state.plugin_gpus() if state.devices is not None else 0,
         gpu_policy=state.limits.gpu_policy,
         limit_vram_mb=vram_limit,
         max_vram_overcommit_ratio=state.limits.max_vram_overcommit_ratio,

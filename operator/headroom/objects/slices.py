@@ -223,9 +223,12 @@ def _read_device(device: object, member: _Slice, field: str) -> _Found | None:
     parent = _string_attribute(attributes, member.driver, "parentUUID", field)
     model = _string_attribute(attributes, member.driver, "productName", field) or ""
     counters = device.get("consumesCounters")
-    device_id = uuid if uuid else f"{member.driver}/{member.pool}/{name}"
+    ref = f"{member.driver}/{member.pool}/{name}"
+    device_id = uuid if uuid else ref
     return _Found(
-        GpuDevice(device_id, memory_mb, kind, parent if kind is DeviceKind.MIG else None, model),
+        GpuDevice(
+            device_id, memory_mb, kind, parent if kind is DeviceKind.MIG else None, model, ref
+        ),
         partition=isinstance(counters, list) and len(counters) > 0,
     )
 

@@ -20,6 +20,8 @@ def device_headroom(room: DeviceRoom) -> DeviceHeadroom:
         model=device.model or None,
         memory_mb=device.memory_mb,
         reserved_mb=room.held_mb,
+        external_mb=room.external_mb,
+        held_outside=("DevicePlugin" if room.plugin else "ResourceClaim") if room.whole else None,
         free_mb=room.free_mb,
     )
 
@@ -60,6 +62,7 @@ def headroom_status(
         gpu_source=gpu_source if s.devices is not None else None,
         gpu_policy=str(s.gpu_policy) if s.devices is not None else None,
         largest_free_device_mb=s.largest_free_device_mb,
+        device_plugin_gpus=s.device_plugin_gpus if s.devices is not None else None,
         devices=None if s.devices is None else [device_headroom(room) for room in s.devices],
     )
     # Absent optional figures are written as null so a merge patch clears them.

@@ -1,0 +1,194 @@
+"""GPU memory held outside Headroom: allocated DRA ResourceClaims and device-plugin pods.
+
+A GPU that kube-scheduler gave to a pod through a DRA ResourceClaim or through the
+device plugin (``nvidia.com/gpu``) is not free for Headroom's claims, just as a
+pod's memory request is not free RAM (``headroom.ledger.pods``). This keeps who
+holds what outside the ledger, and works out per device what that leaves:
+
+* A DRA allocation result holds its device by its ``consumedCapacity`` memory
+  where the driver publishes consumable memory, else the whole device. Results
+  are keyed by the device's DRA name ``driver/pool/device`` (``GpuDevice.ref``),
+  so a claim seen before its node's ResourceSlices counts as soon as they are read.
+* A device-plugin pod bound to a node holds ``k`` whole GPUs there. The API does
+  not say which (only the kubelet knows), so they are taken as the devices on
+  which least is held (admitted claims plus DRA holdings; ties by device id): a
+  device-plugin pod has a GPU to itself, so a consistent cluster gave it devices
+  nobody else used. This is an assumption, recomputed from the current holdings.
+* No double counting, as for RAM: a pod's own admitted claims on the node it runs
+  on offset what it holds outside. A device-plugin pod counts only beyond the
+  number of devices its claims hold there; a ResourceClaim reserved for a pod
+  that holds a claim on the same device counts only beyond that claim's share.
+
+A device held whole (by a device-plugin pod, or by a DRA allocation without
+consumed capacity) has no free memory for anyone else, whatever the VRAM ratio;
+other holdings are taken off the device's limit, as pods' requests are taken off
+a node's RAM limit. Pure: the holders are kept here, the per-device figures are
+computed from them, the node's devices and what admitted claims hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from headroom.api.gpus import GpuDevice
+
+PodKey = tuple[str, str]  # (namespace, name)
+ClaimKey = tuple[str, str]  # a ResourceClaim's (namespace, name)
+#: MiB a DRA allocation consumes on a device; None: the whole device.
+Amount = int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outside:
+    """What is held outside Headroom on one device."""
+
+    mb: int  # MiB counted (after the holders' own claims are offset)
+    whole: bool  # someone else has the whole device: nothing of it is free
+    plugin: bool = False  # held by a device-plugin pod (the emptiest-device guess)
+
+
+@dataclass(frozen=True, slots=True)
+class DraClaim:
+    """An allocated ResourceClaim: per device (by DRA name) what it consumes, and the
+    pods it is reserved for (whose own claims offset it)."""
+
+    amounts: Mapping[str, Amount]
+    pods: frozenset[PodKey] = frozenset()
+
+
+class ExternalHoldings:
+    """Every holder outside the ledger. Changes return the nodes whose devices' figures
+    may have moved (the ledger re-reads those nodes)."""
+
+    def __init__(self) -> None:
+        self._claims: dict[ClaimKey, DraClaim] = {}
+        self._by_ref: dict[str, set[ClaimKey]] = {}  # device's DRA name -> claims on it
+        self._ref_nodes: dict[str, str] = {}  # device's DRA name -> its node
+        self._node_refs: dict[str, frozenset[str]] = {}  # node -> its devices' DRA names
+        self._pods: dict[PodKey, tuple[str, int]] = {}  # device-plugin pod -> (node, GPUs)
+        self._pods_by_node: dict[str, dict[PodKey, int]] = {}
+
+    # -- what the ledger tells -------------------------------------------------------------
+
+    def set_devices(self, node: str, devices: Iterable[GpuDevice] | None) -> None:
+        """The node's inventory: which DRA names are its devices."""
+        for ref in self._node_refs.pop(node, frozenset()):
+            if self._ref_nodes.get(ref) == node:
+                del self._ref_nodes[ref]
+        refs = frozenset(d.ref for d in devices or () if d.ref)
+        if refs:
+            self._node_refs[node] = refs
+            for ref in refs:
+                self._ref_nodes[ref] = node
+
+    # -- DRA claims --------------------------------------------------------------------------
+
+    def set_claim(self, key: ClaimKey, claim: DraClaim | None) -> set[str]:
+        """A claim's allocation (None, or no amounts: it holds nothing)."""
+        old = self._claims.pop(key, None)
+        moved = self._nodes_of(old.amounts) if old is not None else set()
+        if old is not None:
+            for ref in old.amounts:
+                keys = self._by_ref.get(ref)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del self._by_ref[ref]
+        if claim is not None and claim.amounts:
+            self._claims[key] = claim
+            for ref in claim.amounts:
+                self._by_ref.setdefault(ref, set()).add(key)
+            moved |= self._nodes_of(claim.amounts)
+        return moved
+
+    def _nodes_of(self, refs: Iterable[str]) -> set[str]:
+        return {node for ref in refs if (node := self._ref_nodes.get(ref)) is not None}
+
+    # -- device-plugin pods ------------------------------------------------------------------
+
+    def set_pod(self, key: PodKey, node: str | None, gpus: int) -> set[str]:
+        """A pod bound to ``node`` with ``gpus`` device-plugin GPUs (None or 0: it holds none,
+        as when it ended or is not bound)."""
+        new = (node, gpus) if node is not None and gpus > 0 else None
+        old = self._pods.get(key)
+        if old == new:
+            return set()
+        moved: set[str] = set()
+        if old is not None:
+            del self._pods[key]
+            on_node = self._pods_by_node[old[0]]
+            del on_node[key]
+            if not on_node:
+                del self._pods_by_node[old[0]]
+            moved.add(old[0])
+        if new is not None:
+            self._pods[key] = new
+            self._pods_by_node.setdefault(new[0], {})[key] = new[1]
+            moved.add(new[0])
+        return moved
+
+    def pods_with_gpus(self) -> int:
+        return len(self._pods)
+
+    def claims_allocated(self) -> int:
+        return len(self._claims)
+
+    # -- per device ----------------------------------------------------------------------------
+
+    def plugin_gpus(self, node: str, own: Mapping[PodKey, Mapping[str, int]]) -> int:
+        """GPUs device-plugin pods on ``node`` hold beyond the devices their own claims hold."""
+        pods = self._pods_by_node.get(node, {})
+        return sum(max(0, k - _devices_held(own.get(pod))) for pod, k in pods.items())
+
+    def outside(
+        self,
+        node: str,
+        devices: Iterable[GpuDevice],
+        held: Mapping[str, int],
+        own: Mapping[PodKey, Mapping[str, int]],
+    ) -> dict[str, Outside]:
+        """Per device id of ``node``, what is held outside Headroom (devices with nothing
+        held outside are left out).
+
+        ``held``: device id -> MiB admitted claims hold; ``own``: per pod, device id ->
+        MiB its admitted claims on this node hold (what offsets its outside holdings).
+        """
+        devices = list(devices)
+        mb: dict[str, int] = {}
+        whole: set[str] = set()
+        for device in devices:
+            for key in self._by_ref.get(device.ref, ()) if device.ref else ():
+                claim = self._claims[key]
+                amount = claim.amounts[device.ref]
+                own_mb = sum((own.get(pod) or {}).get(device.id, 0) for pod in claim.pods)
+                full = device.memory_mb if amount is None else amount
+                mb[device.id] = mb.get(device.id, 0) + max(0, full - own_mb)
+                if amount is None:
+                    whole.add(device.id)
+        plugin: set[str] = set()
+        wanted = self.plugin_gpus(node, own)
+        if wanted:
+            emptiest = sorted(devices, key=lambda d: (held.get(d.id, 0) + mb.get(d.id, 0), d.id))[
+                :wanted
+            ]
+            plugin = {d.id for d in emptiest}
+        return {
+            device.id: Outside(
+                device.memory_mb if device.id in plugin else mb.get(device.id, 0),
+                device.id in whole or device.id in plugin,
+                device.id in plugin,
+            )
+            for device in devices
+            if device.id in mb or device.id in plugin
+        }
+
+    def any_on(self, node: str, devices: Iterable[GpuDevice]) -> bool:
+        """Whether anything is held outside on ``node`` (a fast path for the common case)."""
+        if node in self._pods_by_node:
+            return True
+        return bool(self._by_ref) and any(d.ref in self._by_ref for d in devices if d.ref)
+
+
+def _devices_held(assignment: Mapping[str, int] | None) -> int:
+    return sum(1 for mib in (assignment or {}).values() if mib > 0)
