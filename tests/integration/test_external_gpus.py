@@ -51,6 +51,14 @@ def devices_of(custom: client.CustomObjectsApi, node: str) -> dict[str, dict[str
     return {d["id"]: d for d in headroom_status(custom, node).get("devices") or []}
 
 
+def device_plugin_pod(name: str, node: str, gpus: int = 1) -> dict[str, Any]:
+    """A pod bound to ``node`` (as kube-scheduler binds it) asking NVIDIA's device plugin
+    for ``gpus`` whole GPUs."""
+    limits = {"nvidia.com/gpu": str(gpus)}
+    container = {"name": "main", "image": "busybox", "resources": {"limits": limits}}
+    return {"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [container]}}
+
+
 def wait_device(custom: client.CustomObjectsApi, node: str, device: str, **expected: Any) -> None:
     def check() -> None:
         found = devices_of(custom, node).get(device, {})
@@ -164,20 +172,7 @@ def test_a_device_plugin_pod_takes_a_whole_gpu_until_it_ends(
     small = rsv.wait_for(custom, namespace, "small")["status"]
     assert [d["id"] for d in small["devices"]] == ["gfd-0"]
 
-    pod = {
-        "metadata": {"name": "cuda"},
-        "spec": {
-            "nodeName": node,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                }
-            ],
-        },
-    }
-    core.create_namespaced_pod(namespace, pod)
+    core.create_namespaced_pod(namespace, device_plugin_pod("cuda", node))
     # The API does not say which GPU: taken as the emptiest, the one no claim is on.
     wait_device(custom, node, "gfd-1", freeMB=0, externalMB=80 * GIB, heldOutside="DevicePlugin")
     wait_device(custom, node, "gfd-0", freeMB=70 * GIB, externalMB=0, heldOutside=None)
@@ -209,20 +204,7 @@ def test_holders_there_before_the_operator_starts_count_in_its_first_decision(
     make_node(node, memory="64Gi")
     slices(resource_slice(node, node, [gpu(first, "80Gi"), gpu(second, "80Gi")]))
     resource_claims(namespace, "trainer", node, first, None)
-    pod = {
-        "metadata": {"name": "cuda"},
-        "spec": {
-            "nodeName": node,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                }
-            ],
-        },
-    }
-    core.create_namespaced_pod(namespace, pod)
+    core.create_namespaced_pod(namespace, device_plugin_pod("cuda", node))
     rsv.create(custom, namespace, "early", node, 16, 1 * GIB)  # undecided until the start
     run_operator()
     phase, reason, _ = decided(custom, namespace, "early")

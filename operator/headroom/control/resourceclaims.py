@@ -7,8 +7,8 @@ node's ResourceSlice inventory by its DRA name (``headroom.ledger.external``).
 
 Lists race with the watch as for slices (``headroom.control.slices``): each claim
 remembers when a watch last spoke of it, and a list asked for before that is
-ignored for it. A cluster without DRA answers 404: no claims, one warning, every
-resync lists again, and the watch starts from the first list that succeeds.
+ignored for it. A cluster without DRA answers 404: no claims
+(``headroom.control.drafeed``).
 
 A node whose figures moved is marked for its NodeHeadroom, and, when a holder went
 away, for the waiting reservations that may fit now; the decider is woken.
@@ -16,25 +16,22 @@ away, for the waiting reservations that may fit now; the decider is woken.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Callable, Collection
 
 from headroom.api.paths import RESOURCE_CLAIMS
+from headroom.control.drafeed import DELETED, SEEN_KEPT, DraFeed
 from headroom.control.state import State
 from headroom.kube.clock import Clock
-from headroom.kube.transport import JSON, ApiError, Transport, list_all
-from headroom.kube.watch import follow
+from headroom.kube.transport import JSON, Transport
 from headroom.ledger.external import DraClaim
 from headroom.objects.external import claim_holdings, claim_key
 
 log = logging.getLogger(__name__)
-DELETED = "DELETED"
-_SEEN_KEPT = 600.0  # seconds a deleted claim's watch time is kept; no list takes that long
 
 
-class ResourceClaims:
+class ResourceClaims(DraFeed):
     def __init__(
         self,
         state: State,
@@ -45,14 +42,20 @@ class ResourceClaims:
         changed: Callable[[], None],
         rng: random.Random | None = None,
     ) -> None:
-        self._state, self._transport, self._clock = state, transport, clock
-        self._drivers = frozenset(drivers)
-        self._changed, self._rng = changed, rng
+        super().__init__(
+            transport,
+            clock,
+            RESOURCE_CLAIMS,
+            drivers=drivers,
+            missing="no GPUs held through DRA claims",
+            rng=rng,
+        )
+        self._state, self._changed = state, changed
         self._seen: dict[tuple[str, str], float] = {}  # claim -> when a watch or list said
         self._held: set[tuple[str, str]] = set()  # claims holding something in the ledger
-        self._served = asyncio.Event()
-        self._version = ""
-        self._warned = False
+
+    def on_event(self, event_type: str, obj: JSON) -> None:
+        self.on_claim(event_type, obj)
 
     def on_claim(
         self, event_type: str | None, obj: JSON, *, listed_at: float | None = None
@@ -81,88 +84,20 @@ class ResourceClaims:
             self._state.room_nodes.update(moved)
             self._changed()
 
-    async def _list(self) -> tuple[list[JSON], str] | None:
-        if not self._drivers:
-            return None
-        try:
-            listed = await list_all(self._transport, RESOURCE_CLAIMS)
-        except ApiError as error:
-            if not error.not_found:
-                raise
-            if not self._warned:
-                log.warning(
-                    "the API server does not serve %s (%s): no GPUs held through DRA claims; "
-                    "listed again at every resync",
-                    RESOURCE_CLAIMS,
-                    error,
-                )
-                self._warned = True
-            return None
-        if self._warned:
-            log.info("the API server serves %s now", RESOURCE_CLAIMS)
-            self._warned = False
-        return listed
-
-    def _take(self, claims: list[JSON], listed_at: float) -> None:
+    def _take(self, objs: list[JSON], listed_at: float, *, rebuilding: bool) -> None:
         listed = set()
-        for obj in claims:
+        for obj in objs:
             listed.add(claim_key(obj))
             self.on_claim(None, obj, listed_at=listed_at)
         for key in [k for k, at in self._seen.items() if k not in listed and at < listed_at]:
             del self._seen[key]
             self._set(key, None)
-        old = listed_at - _SEEN_KEPT
+        old = listed_at - SEEN_KEPT
         for key in [k for k, at in self._seen.items() if at < old and k not in self._held]:
             del self._seen[key]
-
-    async def take_listed(self) -> str | None:
-        """At the rebuild, before any reservation is restored or decided: the claims'
-        holdings, and the list's version (None: not served; the watch waits)."""
-        started = self._clock.monotonic()
-        listed = await self._list()
-        self._take(listed[0] if listed is not None else [], started)
-        if listed is None:
-            return None
-        self._version = listed[1]
-        self._served.set()
-        log.info(
-            "ResourceClaims: %d allocated on devices of %s",
-            self._state.ledger.external.claims_allocated(),
-            ", ".join(sorted(self._drivers)),
-        )
-        return listed[1]
-
-    async def resync(self) -> None:
-        """List again (part of every resync): claims missed, and DRA turned on since."""
-        started = self._clock.monotonic()
-        listed = await self._list()
-        self._take(listed[0] if listed is not None else [], started)
-        if listed is not None and not self._served.is_set():
-            self._version = listed[1]
-            self._served.set()
-
-    async def relist(self) -> str:
-        """The watch's relist (its version expired)."""
-        started = self._clock.monotonic()
-        listed = await self._list()
-        self._take(listed[0] if listed is not None else [], started)
-        if listed is None:
-            raise ApiError(404, "NotFound", f"{RESOURCE_CLAIMS} is not served")
-        return listed[1]
-
-    async def follow(
-        self, version: str | None, restarted: Callable[[str], None] = lambda reason: None
-    ) -> None:
-        """Follow the claims from ``version``; None: from the first resync whose list succeeds."""
-        if version is None:
-            await self._served.wait()
-            version = self._version
-        await follow(
-            self._transport,
-            RESOURCE_CLAIMS,
-            version,
-            self.on_claim,
-            self.relist,
-            rng=self._rng,
-            restarted=restarted,
-        )
+        if rebuilding:
+            log.info(
+                "ResourceClaims: %d allocated on devices of %s",
+                self._state.ledger.external.claims_allocated(),
+                ", ".join(sorted(self._drivers)),
+            )

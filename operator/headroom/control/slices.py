@@ -13,31 +13,25 @@ a snapshot older than that is ignored. A slice missing from a list that no watch
 has spoken of since is gone: nothing but a list or the watch adds slices, so
 unlike a Node it need not be read back.
 
-A cluster without DRA (an API server before 1.34, or ``resource.k8s.io/v1``
-turned off) answers 404. That is not an error: there are no slices, one warning
-is logged, every resync lists again, and the watch starts from the first list
-that succeeds. Nothing waits for it: the rebuild goes on without slices.
+A cluster without DRA answers 404: no slices (``headroom.control.drafeed``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Callable, Collection
 
 from headroom.api.paths import RESOURCE_SLICES
+from headroom.control.drafeed import DELETED, SEEN_KEPT, DraFeed
 from headroom.control.state import State
 from headroom.kube.clock import Clock
-from headroom.kube.transport import JSON, ApiError, Transport, list_all
-from headroom.kube.watch import follow
+from headroom.kube.transport import JSON, Transport
 
 log = logging.getLogger(__name__)
-DELETED = "DELETED"
-_SEEN_KEPT = 600.0  # seconds a deleted slice's watch time is kept; no list takes that long
 
 
-class Slices:
+class Slices(DraFeed):
     def __init__(
         self,
         state: State,
@@ -49,14 +43,20 @@ class Slices:
         rng: random.Random | None = None,
     ) -> None:
         """``refresh(nodes)``: the slices of these nodes changed; read their inventory again."""
-        self._state, self._transport, self._clock = state, transport, clock
-        self._drivers = frozenset(drivers)
-        self._refresh, self._rng = refresh, rng
-        self._served = asyncio.Event()  # a list succeeded: the watch may start
-        self._version = ""
-        self._warned = False
+        super().__init__(
+            transport,
+            clock,
+            RESOURCE_SLICES,
+            drivers=drivers,
+            missing="no GPU inventory from DRA",
+            rng=rng,
+        )
+        self._state, self._refresh = state, refresh
 
     # -- events ----------------------------------------------------------------------------
+
+    def on_event(self, event_type: str, obj: JSON) -> None:
+        self.on_slice(event_type, obj)
 
     def on_slice(
         self, event_type: str | None, obj: JSON, *, listed_at: float | None = None
@@ -115,35 +115,12 @@ class Slices:
 
     # -- lists -----------------------------------------------------------------------------
 
-    async def _list(self) -> tuple[list[JSON], str] | None:
-        """Every ResourceSlice and the list's version; None when none are read (no DRA)."""
-        if not self._drivers:
-            return None
-        try:
-            listed = await list_all(self._transport, RESOURCE_SLICES)
-        except ApiError as error:
-            if not error.not_found:
-                raise
-            if not self._warned:
-                log.warning(
-                    "the API server does not serve %s (%s): no GPU inventory from DRA; "
-                    "listed again at every resync",
-                    RESOURCE_SLICES,
-                    error,
-                )
-                self._warned = True
-            return None
-        if self._warned:
-            log.info("the API server serves %s now", RESOURCE_SLICES)
-            self._warned = False
-        return listed
-
-    def _take(self, slices: list[JSON], listed_at: float) -> set[str]:
-        """A full list asked for at ``listed_at``: the nodes whose slices changed."""
+    def _take(self, objs: list[JSON], listed_at: float, *, rebuilding: bool) -> None:
+        """At the rebuild Nodes are applied after the slices, so nothing is refreshed."""
         state = self._state
         changed: set[str] = set()
         listed = set()
-        for obj in slices:
+        for obj in objs:
             listed.add((obj.get("metadata") or {}).get("name"))
             try:
                 changed |= self._apply(None, obj, listed_at)
@@ -154,62 +131,8 @@ class Slices:
         for name in [n for n in state.slices if n not in listed]:
             if state.slice_seen.get(name, float("-inf")) < listed_at:
                 changed |= self._remove(name)
-        old = listed_at - _SEEN_KEPT
+        old = listed_at - SEEN_KEPT
         for name in [n for n, at in state.slice_seen.items() if at < old and n not in state.slices]:
             del state.slice_seen[name]
-        return changed
-
-    async def take_listed(self) -> str | None:
-        """At the rebuild: list into the State, before any Node's inventory is read.
-
-        Nodes are applied after this, so nothing is refreshed here. Returns the
-        list's version, or None when slices are not read (the watch then waits for
-        a resync whose list succeeds)."""
-        started = self._clock.monotonic()
-        listed = await self._list()
-        self._take(listed[0] if listed is not None else [], started)
-        if listed is None:
-            return None
-        self._version = listed[1]
-        self._served.set()
-        return listed[1]
-
-    async def resync(self) -> None:
-        """List again (part of every resync): slices missed, and DRA turned on since."""
-        started = self._clock.monotonic()
-        listed = await self._list()
-        changed = self._take(listed[0] if listed is not None else [], started)
-        if listed is not None and not self._served.is_set():
-            self._version = listed[1]
-            self._served.set()
-        if changed:
+        if changed and not rebuilding:
             self._refresh(changed)
-
-    async def relist(self) -> str:
-        """The watch's relist (its version expired)."""
-        started = self._clock.monotonic()
-        listed = await self._list()
-        changed = self._take(listed[0] if listed is not None else [], started)
-        if changed:
-            self._refresh(changed)
-        if listed is None:  # no longer served: the watch retries (with backoff)
-            raise ApiError(404, "NotFound", f"{RESOURCE_SLICES} is not served")
-        return listed[1]
-
-    async def follow(
-        self, version: str | None, restarted: Callable[[str], None] = lambda reason: None
-    ) -> None:
-        """Follow the slices from ``version``; None: from the first resync whose list succeeds.
-        ``restarted``: told why each time the watch starts again (``kube.watch.follow``)."""
-        if version is None:
-            await self._served.wait()
-            version = self._version
-        await follow(
-            self._transport,
-            RESOURCE_SLICES,
-            version,
-            self.on_slice,
-            self.relist,
-            rng=self._rng,
-            restarted=restarted,
-        )
