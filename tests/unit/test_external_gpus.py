@@ -343,3 +343,14 @@ def test_a_pods_own_claims_offset_its_gpus_through_any_admissions_and_releases(
     for entry in ledger.entries():
         mine.update(device for device, mib in entry.devices.items() if mib)
     assert ledger.node_summary("n1", NOW).device_plugin_gpus == max(0, gpus - len(mine))
+
+
+def test_a_running_pod_recorded_past_the_room_is_put_on_the_device_least_held_outside() -> None:
+    """A pod that already runs is recorded whatever the room; its device is a guess,
+    and the guess counts what is held outside as what admitted claims hold."""
+    ledger = gpu_node()
+    ledger.set_resource_claim(("ml", "trainer"), DraClaim({REF_A: 75 * GIB}))
+    ledger.set_resource_claim(("ml", "other"), DraClaim({REF_B: 70 * GIB}))
+    decision = ledger.record(claim("running", 60 * GIB, pod="runner"), NOW)
+    assert decision.admitted and decision.reason is Reason.OVER_COMMITTED
+    assert decision.entry.devices == {B: 60 * GIB}  # 75 GiB held outside on A, 70 on B

@@ -147,10 +147,13 @@ class NodeState:
     def forced_assignment(self, entry: Entry) -> dict[str, int]:
         """Devices for a claim that holds VRAM whether or not it fits (it already runs, or
         was admitted before the node had devices): the emptiest; none when the node has
-        fewer devices than the claim spans."""
+        fewer devices than the claim spans. What is held outside Headroom counts as held."""
+        held = dict(self.device_held)
+        for device, outside in self.outside().items():
+            held[device] = held.get(device, 0) + outside.mb
         chosen = device_math.choose_devices(
             self.devices or (),
-            self.device_held,
+            held,
             entry.vram_mb,
             entry.gpus,
             device_math.UNLIMITED,  # every device has room
