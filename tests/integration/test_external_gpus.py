@@ -212,3 +212,38 @@ def test_holders_there_before_the_operator_starts_count_in_its_first_decision(
     wait_device(custom, node, f"GPU-{first}", freeMB=0, heldOutside="ResourceClaim")
     wait_device(custom, node, f"GPU-{second}", freeMB=0, heldOutside="DevicePlugin")
     assert headroom_status(custom, node)["vramCapacityMB"] == 2 * 80 * GIB
+
+
+def test_a_claim_on_a_dynamic_mig_partition_holds_its_whole_gpu(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    slices: Callable[..., None],  # noqa: F811
+    resource_claims: Callable[..., None],
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """Partitions that consume a GPU's shared counters are not devices of their own
+    (they overlap); an allocation of one takes the whole GPU, which runs nothing outside
+    its MIG instances once one exists."""
+    node = unique("mig-held")
+    whole, partition = f"{node}-0", f"{node}-0-mig-3g.40gb-0"
+    counters = "gpu-0-counters"
+    carved = gpu(partition, "40Gi", kind="mig", parent=f"GPU-{whole}")
+    carved["consumesCounters"] = [
+        {"counterSet": counters, "counters": {"memory": {"value": "40Gi"}}}
+    ]
+    body = resource_slice(node, node, [gpu(whole, "80Gi"), carved])
+    body["spec"]["sharedCounters"] = [{"name": counters, "counters": {"memory": {"value": "80Gi"}}}]
+    make_node(node, memory="64Gi")
+    slices(body)
+    run_operator()
+    wait_vram(custom, node, 80 * GIB)  # the partition is not a device of its own
+    wait_device(custom, node, f"GPU-{whole}", freeMB=80 * GIB, externalMB=0)
+
+    resource_claims(namespace, "mig", node, partition, None)
+    wait_device(
+        custom, node, f"GPU-{whole}", freeMB=0, externalMB=80 * GIB, heldOutside="ResourceClaim"
+    )
+    rsv.create(custom, namespace, "on-the-gpu", node, 16, 1 * GIB)
+    phase, reason, _ = decided(custom, namespace, "on-the-gpu")
+    assert (phase, reason) == ("Rejected", "InsufficientVRAM")

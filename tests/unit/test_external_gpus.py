@@ -352,5 +352,19 @@ def test_a_running_pod_recorded_past_the_room_is_put_on_the_device_least_held_ou
     ledger.set_resource_claim(("ml", "trainer"), DraClaim({REF_A: 75 * GIB}))
     ledger.set_resource_claim(("ml", "other"), DraClaim({REF_B: 70 * GIB}))
     decision = ledger.record(claim("running", 60 * GIB, pod="runner"), NOW)
-    assert decision.admitted and decision.reason is Reason.OVER_COMMITTED
+    assert decision.admitted
+    assert decision.reason is Reason.OVER_COMMITTED
     assert decision.entry.devices == {B: 60 * GIB}  # 75 GiB held outside on A, 70 on B
+
+
+def test_a_claim_on_a_dynamic_mig_partition_holds_its_parent_gpu_whole() -> None:
+    """A GPU in MIG mode runs nothing outside its MIG instances: once one of its
+    partitions is allocated, nothing of the GPU is free for a claim on it."""
+    partition = f"{DRIVER}/n1/gpu-a-mig-1g.10gb-0"
+    ledger = gpu_node((GpuDevice(A, 80 * GIB, ref=REF_A, partitions=(partition,)), TWO_80[1]))
+    moved = ledger.set_resource_claim(("ml", "mig"), DraClaim({partition: 10 * GIB}))
+    assert moved == {"n1"}
+    assert free(ledger) == {A: 0, B: 80 * GIB}
+    assert ledger.reserve(claim("c", 10 * GIB), NOW).entry.devices == {B: 10 * GIB}
+    ledger.set_resource_claim(("ml", "mig"), None)
+    assert free(ledger) == {A: 80 * GIB, B: 70 * GIB}

@@ -127,7 +127,12 @@ def test_partitionable_mig_devices_give_way_to_their_parent() -> None:
         "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "5Gi"}}}]
     }
     devices = [gpu(0), *(mig(i, parent=0, **counters) for i in range(7))]
-    assert memories(gpu_inventory(node(), [rslice(devices)])) == {UUID.format(0): 81920}
+    inventory = gpu_inventory(node(), [rslice(devices)])
+    assert memories(inventory) == {UUID.format(0): 81920}
+    assert inventory.devices is not None  # the parent knows them: a claim on one holds it
+    assert inventory.devices[0].partitions == tuple(
+        sorted(f"gpu.nvidia.com/gpu-1/gpu-0-mig-19-{i}-1" for i in range(7))
+    )
     orphans = gpu_inventory(node(), [rslice([mig(0, parent=5, **counters)])])
     assert orphans.devices is None
     assert "overlapping partitions cannot be summed" in orphans.problems[0]

@@ -6,7 +6,9 @@ pod's memory request is not free RAM (``headroom.ledger.pods``). This keeps who
 holds what outside the ledger, and works out per device what that leaves:
 
 * A DRA allocation result holds its device by its ``consumedCapacity`` memory
-  where the driver publishes consumable memory, else the whole device. Results
+  where the driver publishes consumable memory, else the whole device; one on a
+  dynamic MIG partition of a GPU (``GpuDevice.partitions``) holds the GPU whole,
+  since a GPU in MIG mode runs nothing outside its MIG instances. Results
   are keyed by the device's DRA name ``driver/pool/device`` (``GpuDevice.ref``),
   so a claim seen before its node's ResourceSlices counts as soon as they are read.
 * A device-plugin pod bound to a node holds ``k`` whole GPUs there. The API does
@@ -76,7 +78,7 @@ class ExternalHoldings:
         for ref in self._node_refs.pop(node, frozenset()):
             if self._ref_nodes.get(ref) == node:
                 del self._ref_nodes[ref]
-        refs = frozenset(d.ref for d in devices or () if d.ref)
+        refs = frozenset(ref for device in devices or () for ref in _refs(device))
         if refs:
             self._node_refs[node] = refs
             for ref in refs:
@@ -158,14 +160,16 @@ class ExternalHoldings:
         mb: dict[str, int] = {}
         whole: set[str] = set()
         for device in devices:
-            for key in self._by_ref.get(device.ref, ()) if device.ref else ():
-                claim = self._claims[key]
-                amount = claim.amounts[device.ref]
-                own_mb = sum((own.get(pod) or {}).get(device.id, 0) for pod in claim.pods)
-                full = device.memory_mb if amount is None else amount
-                mb[device.id] = mb.get(device.id, 0) + max(0, full - own_mb)
-                if amount is None:
-                    whole.add(device.id)
+            for ref in _refs(device):
+                for key in self._by_ref.get(ref, ()):
+                    claim = self._claims[key]
+                    # A MIG partition holds its GPU whole, whatever it consumes.
+                    amount = claim.amounts[ref] if ref == device.ref else None
+                    own_mb = sum((own.get(pod) or {}).get(device.id, 0) for pod in claim.pods)
+                    full = device.memory_mb if amount is None else amount
+                    mb[device.id] = mb.get(device.id, 0) + max(0, full - own_mb)
+                    if amount is None:
+                        whole.add(device.id)
         plugin: set[str] = set()
         wanted = self.plugin_gpus(node, own)
         if wanted:
@@ -187,7 +191,15 @@ class ExternalHoldings:
         """Whether anything is held outside on ``node`` (a fast path for the common case)."""
         if node in self._pods_by_node:
             return True
-        return bool(self._by_ref) and any(d.ref in self._by_ref for d in devices if d.ref)
+        return bool(self._by_ref) and any(
+            ref in self._by_ref for device in devices for ref in _refs(device)
+        )
+
+
+def _refs(device: GpuDevice) -> list[str]:
+    """The DRA names an allocation holds ``device`` by: its own, and its partitions'."""
+    own = [device.ref] if device.ref else []
+    return own + list(device.partitions)
 
 
 def _devices_held(assignment: Mapping[str, int] | None) -> int:

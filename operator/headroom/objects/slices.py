@@ -33,13 +33,15 @@ Decisions:
   shared counters (KEP-4815 partitionable devices, e.g. dynamic MIG) is one of
   several overlapping *possible* partitions: such a MIG device is dropped in
   favour of its parent GPU, and if its parent is not published the node's VRAM
-  is unknown, since overlapping partitions cannot be summed.
+  is unknown, since overlapping partitions cannot be summed. The parent keeps
+  its partitions' DRA names (``GpuDevice.partitions``): a ResourceClaim
+  allocated on one holds the parent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from headroom.api.constants import (
@@ -266,6 +268,7 @@ def _without_double_counting(found: list[_Found], problems: list[str]) -> list[G
         for entry in found
         if entry.device.kind is DeviceKind.MIG and not entry.partition
     }
+    partitions: dict[str, list[str]] = {}  # parent GPU id -> its partitions' DRA names
     devices: list[GpuDevice] = []
     for entry in found:
         device = entry.device
@@ -278,6 +281,13 @@ def _without_double_counting(found: list[_Found], problems: list[str]) -> list[G
                     f"whose parent GPU {device.parent!r} is not published: overlapping "
                     f"partitions cannot be summed"
                 )
+            elif device.parent is not None and device.ref:
+                partitions.setdefault(device.parent, []).append(device.ref)
             continue
         devices.append(device)
-    return devices
+    return [
+        replace(device, partitions=tuple(sorted(partitions[device.id])))
+        if device.kind is DeviceKind.GPU and device.id in partitions
+        else device
+        for device in devices
+    ]
