@@ -265,8 +265,8 @@ def test_fit_reasons_per_gpu_device(cli: Cli, gpu_headrooms: str) -> None:
     devices = cli("nodes", "--devices")
     mine = [line.split() for line in devices.stdout.splitlines() if line.startswith(p)]
     assert mine == [
-        [f"{p}-gpu-full", "gfd-0", "gpu", "-", "81920", "51200", "30720"],
-        [f"{p}-gpu-full", "gfd-1", "gpu", "-", "81920", "51200", "30720"],
-        [f"{p}-gpu-half", "gfd-0", "gpu", "-", "81920", "51200", "30720"],
-        [f"{p}-gpu-half", "gfd-1", "gpu", "-", "81920", "0", "81920"],
+        [f"{p}-gpu-full", "gfd-0", "gpu", "-", "81920", "51200", "0", "30720"],
+        [f"{p}-gpu-full", "gfd-1", "gpu", "-", "81920", "51200", "0", "30720"],
+        [f"{p}-gpu-half", "gfd-0", "gpu", "-", "81920", "51200", "0", "30720"],
+        [f"{p}-gpu-half", "gfd-1", "gpu", "-", "81920", "0", "0", "81920"],
     ]

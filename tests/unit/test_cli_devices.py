@@ -158,10 +158,21 @@ def test_nodes_shows_the_largest_free_device_and_lists_devices(
     assert rows[2][:5] == ["plain", "32768", "0", "0/-", "-"]
     assert kubectl_main(["nodes", "--devices"]) == 0
     assert [line.split() for line in capsys.readouterr().out.splitlines()] == [
-        ["NODE", "DEVICE", "KIND", "MODEL", "MEMORY", "RESERVED", "FREE"],
-        ["gpu-1", A, "gpu", "NVIDIA-A100-SXM4-80GB", "81920", "51200", "30720"],
-        ["gpu-1", "gfd-1", "gpu", "-", "81920", "0", "81920"],
+        ["NODE", "DEVICE", "KIND", "MODEL", "MEMORY", "RESERVED", "OUTSIDE", "FREE"],
+        ["gpu-1", A, "gpu", "NVIDIA-A100-SXM4-80GB", "81920", "51200", "0", "30720"],
+        ["gpu-1", "gfd-1", "gpu", "-", "81920", "0", "0", "81920"],
     ]
+    gpu["status"]["devices"][0] |= {"externalMB": 10240, "freeMB": 20480}
+    gpu["status"]["devices"][1] |= {"externalMB": 81920, "heldOutside": "DevicePlugin"}
+    assert kubectl_main(["nodes", "--devices"]) == 0
+    assert [line.split()[6:] for line in capsys.readouterr().out.splitlines()[1:]] == [
+        ["10240", "20480"],  # a share held through a DRA claim's consumed capacity
+        ["DevicePlugin", "81920"],  # who holds the whole device
+    ]
+    del gpu["status"]["devices"][0]["externalMB"]
+    gpu["status"]["devices"][0]["freeMB"] = 30720
+    del gpu["status"]["devices"][1]["heldOutside"]
+    gpu["status"]["devices"][1]["externalMB"] = 0
     assert kubectl_main(["nodes", "--devices", "-o", "json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [(d["node"], d["id"], d["freeMB"]) for d in listed] == [

@@ -22,6 +22,7 @@ from headroom.api.selectors import LabelSelector
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import Transport
 from headroom.ledger import Entry, Ledger
+from headroom.ledger.external import DraClaim
 from headroom.ledger.quotas import QuotaRules
 from headroom.serving.ledgermetrics import LedgerCollector
 from headroom.serving.metrics import EventsCollector, OperatorMetrics, version
@@ -41,6 +42,7 @@ BYTES = {
     "headroom_device_memory_bytes",
     "headroom_device_reserved_bytes",
     "headroom_device_free_bytes",
+    "headroom_device_external_bytes",
     "headroom_quota_ram_limit_bytes",
     "headroom_quota_ram_used_bytes",
     "headroom_quota_vram_limit_bytes",
@@ -87,7 +89,7 @@ def busy() -> Ledger:
     now = datetime.now(UTC)
     ledger = Ledger(Limits(system_reserve_mb=1024, heartbeat_stale_window=timedelta(minutes=5)))
     ledger.set_node_capacity("n1", 16 * GIB, 80 * GIB)
-    ledger.set_node_devices("n1", (GpuDevice("GPU-0", 80 * GIB),))
+    ledger.set_node_devices("n1", (GpuDevice("GPU-0", 80 * GIB, ref="gpu.nvidia.com/n1/g0"),))
     ledger.quotas.set_namespace("ml", {"team": "ml"})
     selector = LabelSelector(match_labels={"team": "ml"})
     ledger.quotas.set_quota(QuotaRules("team", selector, ram_mb=8 * GIB, vram_mb=40 * GIB))
@@ -105,7 +107,7 @@ def test_memory_is_in_bytes_and_each_mib_name_is_its_deprecated_twin() -> None:
     found = scrape(busy())
     assert found.names() >= BYTES
     deprecated = {name for name in found.names() if re.search(r"_mb(_total)?$", name)}
-    assert len(deprecated) == len(BYTES) - 2  # no MiB name for the limit nor restored
+    assert len(deprecated) == len(BYTES) - 3  # none for the limit, restored, external
     for name in deprecated:
         successor = re.sub(r"_mb(_total)?$", r"_bytes\1", name)
         assert found.helps[name].startswith(
@@ -133,6 +135,12 @@ def test_the_figures_in_bytes() -> None:
     assert values[f"headroom_device_memory_bytes{device}"] == 80 * GIB * MIB
     assert values[f"headroom_device_reserved_bytes{device}"] == 20 * GIB * MIB
     assert values[f"headroom_device_free_bytes{device}"] == 60 * GIB * MIB
+    assert values[f"headroom_device_external_bytes{device}"] == 0
+    ledger = busy()
+    ledger.set_resource_claim(("ml", "share"), DraClaim({"gpu.nvidia.com/n1/g0": 10 * GIB}))
+    values = scrape(ledger).values
+    assert values[f"headroom_device_external_bytes{device}"] == 10 * GIB * MIB
+    assert values[f"headroom_device_free_bytes{device}"] == 50 * GIB * MIB
     assert values['headroom_quota_ram_limit_bytes{quota="team"}'] == 8 * GIB * MIB
     assert values['headroom_quota_ram_used_bytes{quota="team"}'] == 4 * GIB * MIB
     assert values['headroom_quota_vram_limit_bytes{quota="team"}'] == 40 * GIB * MIB

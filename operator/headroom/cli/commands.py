@@ -9,7 +9,9 @@ reservations but not the cluster-scoped NodeHeadrooms, and may not list Events.
 MiB free on one device, the largest one-GPU claim that fits there (the node-wide
 VRAM column alone would promise 150 GiB on 2 × 80 GiB GPUs holding 50 GiB
 each). ``nodes --devices`` lists the devices themselves, one row each, rather
-than a wide table: a node may have up to 1024 of them (MIG).
+than a wide table: a node may have up to 1024 of them (MIG). Its OUTSIDE column is
+the MiB held outside Headroom (DRA claims' consumed capacity), or who holds the
+whole device (``DevicePlugin``, ``ResourceClaim``).
 """
 
 from __future__ import annotations
@@ -111,11 +113,12 @@ def _devices(items: list[readers.JSON], output: str) -> int:
                     device.get("model") or "-",
                     device.get("memoryMB"),
                     device.get("reservedMB"),
+                    device.get("heldOutside") or device.get("externalMB") or 0,
                     "unlimited" if free is None else free,
                 ]
             )
             data.append({"node": node, **device})
-    headers = ["NODE", "DEVICE", "KIND", "MODEL", "MEMORY", "RESERVED", "FREE"]
+    headers = ["NODE", "DEVICE", "KIND", "MODEL", "MEMORY", "RESERVED", "OUTSIDE", "FREE"]
     emit(data, table(headers, rows), output)
     return Exit.DONE
 

@@ -157,6 +157,12 @@ def node_families(summary: ClusterSummary) -> Iterator[Metric]:
     device_free = MiBFigure(
         "device_free", "VRAM still free on a GPU device (absent when unlimited)", labels
     )
+    device_external = GaugeMetricFamily(
+        f"{PREFIX}_device_external_bytes",
+        "Memory of a GPU device held outside Headroom, bytes: DRA ResourceClaims' consumed "
+        "capacity, or the whole device for a device-plugin pod or a whole allocation.",
+        labels=labels,
+    )
     for each in summary.nodes:
         name = [each.node]
         for attribute, figure in memory.items():
@@ -172,6 +178,7 @@ def node_families(summary: ClusterSummary) -> Iterator[Metric]:
             device_reserved.add(device, room.held_mb)
             if room.free_mb is not None:
                 device_free.add(device, room.free_mb)
+            device_external.add_metric(device, float(room.external_mb) * MIB)
     for figure in memory.values():
         yield from figure.families()
     yield from counts.values()
@@ -179,6 +186,7 @@ def node_families(summary: ClusterSummary) -> Iterator[Metric]:
     yield utilization
     for figure in (device_memory, device_reserved, device_free):
         yield from figure.families()
+    yield device_external
 
 
 def quota_families(quotas: Quotas) -> Iterator[Metric]:
