@@ -31,7 +31,7 @@ from tests.integration.test_gpu_inventory_live import (
     unique,
     wait_vram,
 )
-from tests.integration.test_pod_gates import finish
+from tests.integration.test_pod_gates import claim_pod, finish, untaint
 
 Start = Callable[..., OperatorProcess]
 GROUP, VERSION = "resource.k8s.io", "v1"
@@ -247,3 +247,29 @@ def test_a_claim_on_a_dynamic_mig_partition_holds_its_whole_gpu(
     rsv.create(custom, namespace, "on-the-gpu", node, 16, 1 * GIB)
     phase, reason, _ = decided(custom, namespace, "on-the-gpu")
     assert (phase, reason) == ("Rejected", "InsufficientVRAM")
+
+
+def test_a_gated_pod_is_not_placed_on_the_roomiest_node_when_its_gpu_is_held(
+    run_operator: Start,
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+) -> None:
+    """Placement asks the ledger's per-device fit: the node with the most RAM, whose only
+    GPU a device-plugin pod holds, is passed over for the one whose GPU is free."""
+    pool = unique("gpu-pool")
+    nodes = {"big": f"{pool}-big", "small": f"{pool}-small"}
+    gfd = {"pool": pool, "nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": str(80 * GIB)}
+    for key, memory in (("big", "256Gi"), ("small", "32Gi")):
+        make_node(nodes[key], memory=memory, labels=gfd)
+        untaint(core, nodes[key])
+    core.create_namespaced_pod(namespace, device_plugin_pod("cuda", nodes["big"]))
+    run_operator()
+    wait_device(custom, nodes["big"], "gfd-0", freeMB=0, heldOutside="DevicePlugin")
+
+    pod = claim_pod("train", pool, "4Gi", annotations={"headroom.dev/vram": "40Gi"})
+    core.create_namespaced_pod(namespace, pod)
+    reservation = rsv.wait_for(custom, namespace, "train")
+    assert reservation["spec"]["node"] == nodes["small"]
+    assert reservation["status"]["phase"] == "Admitted"

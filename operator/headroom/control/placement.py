@@ -8,7 +8,8 @@ does, the best one the pod may run on is where it waits, in that node's queue.
 The figures are the ledger's, less what was created for other pods and is not
 decided yet (``planned``): reservations are created one at a time, but decided a
 moment later, and two pods placed in that moment must not both count on the same
-room.
+room. A claim with VRAM fits only where the ledger would find it devices now, after
+what is held on them outside Headroom, not merely where the node's VRAM sum has room.
 
 Nor is a node chosen that the pod's quotas refuse for good (``NodeNotAllowed``
 outside a quota's nodeSelector; ``WaitTooLong`` for a wait over its maxWait): the
@@ -72,6 +73,7 @@ def choose_node(
         owner=Owner(pod=str(meta.get("name", "")), surface="pod"),
         wait_until=now + wait if wait is not None else None,
         pod_lifetime=True,
+        gpus=1 if claim.gpus is None else claim.gpus,
     )
 
     def allowed(node: str) -> bool:
@@ -111,6 +113,7 @@ def choose_node(
             claim.ram_mb <= free_ram
             and (capacity is None or claim.vram_mb <= free_vram)
             and summary.active_entries + entries < summary.max_entries
+            and (not claim.vram_mb or _fits_devices(state, probe, name))
         )
         ranked.append(((-free_ram, capacity is None, -free_vram, name), fits))
     ranked.sort()
@@ -120,6 +123,16 @@ def choose_node(
     if ranked:
         return Placement(ranked[0][0][3])
     return _nowhere(refused, tried)
+
+
+def _fits_devices(state: State, probe: Entry, node: str) -> bool:
+    """Whether the claim's VRAM fits on the node's devices now, as the ledger would place
+    it: per device, after what is held outside Headroom (what was created for other pods
+    and is not decided yet is counted on the node's sum only: its devices are not chosen
+    until it is decided)."""
+    probe.node = node
+    refusal = state.ledger.room_refusal(probe)
+    return refusal is None or refusal[0] is not Reason.INSUFFICIENT_VRAM
 
 
 def _nowhere(refused: dict[str, tuple[str, str]], tried: int) -> Placement:

@@ -302,6 +302,15 @@ class Ledger:
             True, Reason.OVER_COMMITTED, f"already running there, over the limit: {message}", entry
         )
 
+    def room_refusal(self, entry: Entry) -> tuple[Reason, str] | None:
+        """Why ``entry.node`` has no room for ``entry`` now (its entry cap, RAM, VRAM, and
+        devices after what is held outside Headroom), or None; its quotas are not asked.
+        A node the ledger does not know has no room."""
+        state = self._nodes.get(entry.node)
+        if state is None or not state.known:
+            return Reason.NODE_UNKNOWN, f"node {entry.node} is not known yet"
+        return state.room_refusal(entry)
+
     def refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
         """Why ``entry`` would be refused now, or None if it fits (no change, no counter)."""
         return self._refusal(entry, now)
