@@ -226,16 +226,21 @@ def test_a_claim_on_a_dynamic_mig_partition_holds_its_whole_gpu(
     (they overlap); an allocation of one takes the whole GPU, which runs nothing outside
     its MIG instances once one exists."""
     node = unique("mig-held")
-    whole, partition = f"{node}-0", f"{node}-0-mig-3g.40gb-0"
+    whole, partition = f"{node}-0", f"{node}-0-mig-3g-40gb-0"
     counters = "gpu-0-counters"
     carved = gpu(partition, "40Gi", kind="mig", parent=f"GPU-{whole}")
     carved["consumesCounters"] = [
         {"counterSet": counters, "counters": {"memory": {"value": "40Gi"}}}
     ]
-    body = resource_slice(node, node, [gpu(whole, "80Gi"), carved])
-    body["spec"]["sharedCounters"] = [{"name": counters, "counters": {"memory": {"value": "80Gi"}}}]
+    # A pool's counters and its devices are in slices of their own (the API refuses both in one).
+    devices = resource_slice(node, node, [gpu(whole, "80Gi"), carved], count=2)
+    shared = resource_slice(f"{node}-counters", node, [], pool=node, count=2)
+    del shared["spec"]["devices"]
+    shared["spec"]["sharedCounters"] = [
+        {"name": counters, "counters": {"memory": {"value": "80Gi"}}}
+    ]
     make_node(node, memory="64Gi")
-    slices(body)
+    slices(shared, devices)
     run_operator()
     wait_vram(custom, node, 80 * GIB)  # the partition is not a device of its own
     wait_device(custom, node, f"GPU-{whole}", freeMB=80 * GIB, externalMB=0)
