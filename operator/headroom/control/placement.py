@@ -113,12 +113,11 @@ def choose_node(
             claim.ram_mb <= free_ram
             and (capacity is None or claim.vram_mb <= free_vram)
             and summary.active_entries + entries < summary.max_entries
-            and (not claim.vram_mb or _fits_devices(state, probe, name))
         )
         ranked.append(((-free_ram, capacity is None, -free_vram, name), fits))
     ranked.sort()
-    for order, fits in ranked:
-        if fits:
+    for order, fits in ranked:  # devices asked in order, only until one fits
+        if fits and (not claim.vram_mb or _fits_devices(state, probe, order[3])):
             return Placement(order[3])
     if ranked:
         return Placement(ranked[0][0][3])
