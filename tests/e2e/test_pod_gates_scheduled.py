@@ -21,6 +21,7 @@ from headroom_dev.controlplane import ControlPlane
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 from tests.integration.polling import eventually
+from tests.integration.test_external_gpus import device_plugin_pod
 from tests.integration.test_pod_gates import GATE, claim_pod, gates_of, untaint
 
 
@@ -97,3 +98,38 @@ def test_the_scheduler_binds_a_gated_pod_only_where_its_memory_was_admitted(
         assert "filler" not in names, names
 
     eventually(collected, timeout=60)
+
+
+def test_a_gated_gpu_pod_is_bound_where_its_gpu_is_free_not_where_the_most_ram_is(
+    api: client.ApiClient, operator: OperatorProcess
+) -> None:
+    """Issue 30's test for a GPU held by another pod: the node with the most RAM has its
+    only GPU held by a device-plugin pod; the opted-in pod is bound by kube-scheduler to the
+    other node, and its reservation is there."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    label = f"g{uuid.uuid4().hex[:8]}"
+    nodes = {"roomy": f"roomy-{label}", "free": f"free-{label}"}
+    gfd = {"pool": label, "nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "81920"}
+    for size, memory in (("roomy", "256Gi"), ("free", "32Gi")):
+        create_node(core, nodes[size], memory=memory, labels=gfd)
+        untaint(core, nodes[size])
+    namespace = f"gpus-{label}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        core.create_namespaced_pod(namespace, device_plugin_pod("cuda", nodes["roomy"]))
+        pod = claim_pod("train", label, "4Gi", annotations={"headroom.dev/vram": "40Gi"})
+        core.create_namespaced_pod(namespace, pod)
+
+        def bound() -> str:
+            found = core.read_namespaced_pod("train", namespace)
+            assert found.spec.node_name, (gates_of(found), found.status.conditions)
+            return str(found.spec.node_name)
+
+        assert eventually(bound, timeout=30) == nodes["free"]
+        reservation = rsv.get(custom, namespace, "train")
+        assert reservation["spec"]["node"] == nodes["free"]
+        assert reservation["status"]["phase"] == "Admitted"
+    finally:
+        core.delete_namespace(namespace)
+        for node in nodes.values():
+            core.delete_node(node)
