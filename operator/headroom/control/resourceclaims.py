@@ -95,9 +95,13 @@ class ResourceClaims(DraFeed):
         old = listed_at - SEEN_KEPT
         for key in [k for k, at in self._seen.items() if at < old and k not in self._held]:
             del self._seen[key]
-        if rebuilding:
+
+    async def take_listed(self) -> str | None:
+        version = await super().take_listed()
+        if version is not None:
             log.info(
                 "ResourceClaims: %d allocated on devices of %s",
                 self._state.ledger.external.claims_allocated(),
                 ", ".join(sorted(self._drivers)),
             )
+        return version
