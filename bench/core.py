@@ -7,6 +7,10 @@ ledger keeps per-node aggregates instead of summing on each call).
 B5-gpu: the same pairs with 10 GiB of VRAM on nodes with 8 × 80 GiB GPU devices,
 each admitted per device (issue 20), as a ratio to the RAM-only pairs at 100.
 
+B5-outside: B5-gpu's pairs on nodes where GPUs are also held outside Headroom (issue
+30): on each node a device-plugin pod holds one GPU whole and a DRA ResourceClaim
+consumes 20 GiB of another, as a ratio to B5-gpu.
+
     python bench/core.py [--pairs 200000] [--repeats 5] [--json PATH]
 
 Each row is printed, and the JSON file rewritten atomically, as soon as it is
@@ -30,21 +34,27 @@ from report import write_json
 from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
 from headroom.ledger import Entry, Ledger, Owner
+from headroom.ledger.external import DraClaim
 from headroom_dev.interrupts import stop_cleanly
 
 NODES = 100
 T0 = datetime(2026, 12, 2, tzinfo=UTC)
 
 
-GPUS = tuple(GpuDevice(f"GPU-{i}", 80 * 1024) for i in range(8))
+def gpus_of(node: str) -> tuple[GpuDevice, ...]:
+    return tuple(GpuDevice(f"GPU-{node}-{i}", 80 * 1024, ref=f"d/{node}/{i}") for i in range(8))
 
 
-def filled(active: int, *, gpus: bool = False) -> Ledger:
+def filled(active: int, *, gpus: bool = False, outside: bool = False) -> Ledger:
     ledger = Ledger(Limits(max_entries_per_node=10**6, heartbeat_stale_window=timedelta(days=1)))
     for i in range(NODES):
-        ledger.set_node_capacity(f"node-{i}", 1 << 30, 8 * 80 * 1024 if gpus else None)
+        node = f"node-{i}"
+        ledger.set_node_capacity(node, 1 << 30, 8 * 80 * 1024 if gpus else None)
         if gpus:
-            ledger.set_node_devices(f"node-{i}", GPUS)
+            ledger.set_node_devices(node, gpus_of(node))
+        if outside:
+            ledger.set_device_plugin_pod(("cuda", node), node, 1)
+            ledger.set_resource_claim(("dra", node), DraClaim({f"d/{node}/1": 20 * 1024}))
     owner = Owner()
     for i in range(active):
         entry = Entry(f"held/{i}", f"node-{i % NODES}", 1, T0, T0, owner=owner)
@@ -66,8 +76,10 @@ def pairs_per_second(ledger: Ledger, pairs: int, *, vram_mb: int = 0) -> float:
     return pairs / (time.perf_counter() - start)
 
 
-def measure(active: int, pairs: int, repeats: int, *, gpus: bool = False) -> dict[str, float]:
-    ledger = filled(active, gpus=gpus)
+def measure(
+    active: int, pairs: int, repeats: int, *, gpus: bool = False, outside: bool = False
+) -> dict[str, float]:
+    ledger = filled(active, gpus=gpus, outside=outside)
     vram = 10 * 1024 if gpus else 0
     rates = [pairs_per_second(ledger, pairs, vram_mb=vram) for _ in range(repeats)]
     return {
@@ -86,9 +98,11 @@ def main() -> int:
     args = parser.parse_args()
     result: dict[str, Any] = {"id": "B5"}
     print(f"{'active entries':>15} {'pairs/s (median)':>18} {'min':>10} {'max':>10}", flush=True)
-    for key, active in (("small", 100), ("large", 100_000), ("gpu", 100)):
+    phases = (("small", 100), ("large", 100_000), ("gpu", 100), ("outside", 100))
+    for key, active in phases:
         try:
-            row = measure(active, args.pairs, args.repeats, gpus=key == "gpu")
+            gpus, outside = key in ("gpu", "outside"), key == "outside"
+            row = measure(active, args.pairs, args.repeats, gpus=gpus, outside=outside)
         except Exception as error:
             traceback.print_exc()
             result["errors"] = [
@@ -113,6 +127,8 @@ def main() -> int:
     print(f"ratio (100 / 100,000): {ratio:.2f}  (target ≤ 1.5; ≥ 200,000 pairs/s)")
     result["gpu_ratio"] = gpu = result["gpu"]["median"] / result["small"]["median"]
     print(f"B5-gpu: per-device pairs on 8 × 80 GiB nodes / RAM-only pairs: {gpu:.2f}")
+    result["outside_ratio"] = held = result["outside"]["median"] / result["gpu"]["median"]
+    print(f"B5-outside: with GPUs held outside Headroom / B5-gpu: {held:.2f}")
     if args.json:
         write_json(args.json, result)
     return 0
