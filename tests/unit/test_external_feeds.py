@@ -145,3 +145,26 @@ def test_no_resources_configured_no_gpus_counted() -> None:
     feeds.pods.on_pod("ADDED", bound("cuda", "n1", "1"))
     assert feeds.free() == [80 * GIB, 80 * GIB]
     assert feeds.world.state.ledger.node_summary("n1", NOW).pod_requests_mb == 1024
+
+
+def test_a_list_asked_for_before_a_pods_deletion_does_not_bring_it_back() -> None:
+    feeds = Feeds()
+    listed_at = feeds.world.clock.at
+    feeds.world.clock.at += 1
+    feeds.pods.on_pod("ADDED", bound("cuda", "n1", "1"))
+    feeds.world.clock.at += 1
+    feeds.pods.on_pod("DELETED", bound("cuda", "n1", "1"))
+    feeds.pods.on_pod(None, bound("cuda", "n1", "1"), listed_at=listed_at)  # older page
+    assert feeds.free() == [80 * GIB, 80 * GIB]
+
+
+def test_a_pod_no_reader_expects_is_skipped_and_the_others_still_count() -> None:
+    feeds = Feeds()
+    odd = bound("odd", "n1", "²")  # str.isdigit() takes it; int() does not
+    feeds.pods.on_pod("ADDED", odd)
+    feeds.pods.on_pod(
+        "ADDED", {**bound("odd2", "n1", "1"), "spec": {"nodeName": "n1", "containers": 5}}
+    )
+    assert feeds.free() == [80 * GIB, 80 * GIB]
+    feeds.pods.on_pod("ADDED", bound("cuda", "n1", "1"))
+    assert feeds.free() == [0, 80 * GIB]

@@ -53,25 +53,32 @@ class PodRequestsFeed:
         key = pod_key(obj)
         if listed_at is not None and self._seen.get(key, float("-inf")) >= listed_at:
             return  # a watch event since the list was asked for is newer
+        # Kept after a DELETED too, so that a list asked for before it cannot bring the
+        # pod back; the next list that does not name it forgets it.
         self._seen[key] = self._clock.monotonic() if listed_at is None else listed_at
+        try:
+            moved = self._apply(event_type, key, obj)
+        except Exception:  # one pod must never stop the watch, a list or the others
+            log.exception("pod %s/%s not handled", *key)
+            return
+        if moved:
+            self._state.dirty_nodes.update(moved)
+            self._state.room_nodes.update(moved)
+            self._changed()
+
+    def _apply(self, event_type: str | None, key: PodKey, obj: JSON) -> set[str]:
+        """Count (or stop counting) one pod; the nodes whose figures moved."""
         ledger = self._state.ledger
         node = bound_node(obj)
         moved: set[str] = set()
         if event_type == "DELETED" or node is None or is_finished(obj):
             if self._memory:
                 moved = ledger.remove_pod_request(key)
-            moved |= ledger.set_device_plugin_pod(key, None, 0)
-            if event_type == "DELETED":
-                del self._seen[key]
-        else:
-            if self._memory:
-                moved = ledger.set_pod_request(key, node, memory_request_mb(obj))
-            gpus = device_plugin_gpus(obj, self._gpu_resources)
-            moved |= ledger.set_device_plugin_pod(key, node, gpus)
-        if moved:
-            self._state.dirty_nodes.update(moved)
-            self._state.room_nodes.update(moved)
-            self._changed()
+            return moved | ledger.set_device_plugin_pod(key, None, 0)
+        if self._memory:
+            moved = ledger.set_pod_request(key, node, memory_request_mb(obj))
+        gpus = device_plugin_gpus(obj, self._gpu_resources)
+        return moved | ledger.set_device_plugin_pod(key, node, gpus)
 
     async def relist(self) -> str:
         """Every pod again, a page at a time: the watch's relist, the rebuild, the resync."""

@@ -110,8 +110,8 @@ def device_plugin_gpus(pod: object, resources: Collection[str]) -> int:
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return 0
-    containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
-    inits = [c for c in spec.get("initContainers") or [] if isinstance(c, dict)]
+    containers = [c for c in _list(spec.get("containers")) if isinstance(c, dict)]
+    inits = [c for c in _list(spec.get("initContainers")) if isinstance(c, dict)]
     sidecars = [c for c in inits if c.get("restartPolicy") == "Always"]
     others = [c for c in inits if c.get("restartPolicy") != "Always"]
     summed = sum(_gpus(c, resources) for c in containers + sidecars)
@@ -135,6 +135,12 @@ def _gpus(container: Mapping[str, Any], resources: Collection[str]) -> int:
     return total
 
 
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _count(value: object) -> int:
     text = str(value) if isinstance(value, int | str) and not isinstance(value, bool) else ""
-    return min(int(text), MAX_GPUS) if text.isdigit() and len(text) <= 6 else 0
+    # isdigit() alone takes "²", which int() refuses: ASCII digits only.
+    readable = text.isascii() and text.isdigit() and len(text) <= 6
+    return min(int(text), MAX_GPUS) if readable else 0
