@@ -361,10 +361,61 @@ def test_a_claim_on_a_dynamic_mig_partition_holds_its_parent_gpu_whole() -> None
     """A GPU in MIG mode runs nothing outside its MIG instances: once one of its
     partitions is allocated, nothing of the GPU is free for a claim on it."""
     partition = f"{DRIVER}/n1/gpu-a-mig-1g.10gb-0"
-    ledger = gpu_node((GpuDevice(A, 80 * GIB, ref=REF_A, partitions=(partition,)), TWO_80[1]))
+    ledger = gpu_node((GpuDevice(A, 80 * GIB, ref=REF_A, held_whole_by=(partition,)), TWO_80[1]))
     moved = ledger.set_resource_claim(("ml", "mig"), DraClaim({partition: 10 * GIB}))
     assert moved == {"n1"}
     assert free(ledger) == {A: 0, B: 80 * GIB}
     assert ledger.reserve(claim("c", 10 * GIB), NOW).entry.devices == {B: 10 * GIB}
     ledger.set_resource_claim(("ml", "mig"), None)
     assert free(ledger) == {A: 80 * GIB, B: 70 * GIB}
+
+
+def test_a_claim_on_no_device_counts_what_is_held_outside_in_the_node_sum() -> None:
+    """``gpus: 0`` asks for no device, only the node's sum: what is held outside comes
+    off that sum too (a device held whole: all of it)."""
+    ledger = gpu_node()
+    ledger.set_device_plugin_pod(("ml", "cuda"), "n1", 1)  # one 80 GiB GPU, whole
+    ledger.set_resource_claim(("ml", "share"), DraClaim({REF_B: 30 * GIB}))
+    assert ledger.node_summary("n1", NOW).limit_vram_mb == 50 * GIB
+    refused = ledger.reserve(claim("sum", 51 * GIB, gpus=0), NOW)
+    assert refused.reason is Reason.INSUFFICIENT_VRAM
+    assert "− 112640 held outside Headroom" in refused.message  # 80 + 30 GiB
+    assert ledger.reserve(claim("fits", 50 * GIB, gpus=0), NOW).admitted
+
+
+def test_a_pods_own_claim_offsets_its_holdings_outside_once_not_once_per_holder() -> None:
+    ledger = gpu_node()
+    assert ledger.reserve(claim("mine", 30 * GIB, pod="w"), NOW).entry.devices == {A: 30 * GIB}
+    for name in ("one", "two"):
+        ledger.set_resource_claim(
+            ("ml", name), DraClaim({REF_A: 30 * GIB}, frozenset({("ml", "w")}))
+        )
+    assert figures(ledger)[0][1:3] == (30 * GIB, 30 * GIB)  # 60 consumed, 30 its own claim
+    assert free(ledger)[A] == 20 * GIB
+    # Spent on the DRA claims, the same claim does not also offset a device-plugin GPU.
+    ledger.set_resource_claim(("ml", "two"), None)
+    ledger.set_resource_claim(("ml", "one"), DraClaim({REF_A: 30 * GIB}, frozenset({("ml", "w")})))
+    ledger.set_device_plugin_pod(("ml", "w"), "n1", 1)
+    assert ledger.node_summary("n1", NOW).device_plugin_gpus == 1
+    assert free(ledger) == {A: 50 * GIB, B: 0}
+
+
+def test_what_is_held_outside_a_device_is_never_more_than_the_device() -> None:
+    ledger = gpu_node((TWO_80[0],))
+    ledger.set_resource_claim(("ml", "huge"), DraClaim({REF_A: 1 << 40}))  # 1 PiB "consumed"
+    ledger.set_resource_claim(("ml", "more"), DraClaim({REF_A: 50 * GIB}))
+    assert figures(ledger)[0][2] == 80 * GIB
+    assert free(ledger) == {A: 0}
+
+
+def test_a_claim_on_a_static_mig_devices_parent_holds_each_of_its_mig_devices() -> None:
+    parent = f"{DRIVER}/n1/gpu-a"
+    migs = tuple(
+        GpuDevice(f"MIG-{i}", 10 * GIB, ref=f"{DRIVER}/n1/mig-{i}", held_whole_by=(parent,))
+        for i in range(2)
+    )
+    ledger = gpu_node(migs)
+    ledger.set_resource_claim(("ml", "whole-gpu"), DraClaim({parent: None}))
+    assert free(ledger) == {"MIG-0": 0, "MIG-1": 0}
+    ledger.set_resource_claim(("ml", "whole-gpu"), None)
+    assert free(ledger) == {"MIG-0": 10 * GIB, "MIG-1": 10 * GIB}

@@ -120,6 +120,11 @@ def test_mig_devices_count_and_their_parent_does_not() -> None:
     }
     assert inventory.devices is not None
     assert {d.parent for d in inventory.devices if d.kind is DeviceKind.MIG} == {UUID.format(1)}
+    # The parent is no device here, but a claim allocated on it holds each MIG device.
+    parent_ref = "gpu.nvidia.com/gpu-1/gpu-1"
+    assert {d.held_whole_by for d in inventory.devices if d.kind is DeviceKind.MIG} == {
+        (parent_ref,)
+    }
 
 
 def test_partitionable_mig_devices_give_way_to_their_parent() -> None:
@@ -130,7 +135,7 @@ def test_partitionable_mig_devices_give_way_to_their_parent() -> None:
     inventory = gpu_inventory(node(), [rslice(devices)])
     assert memories(inventory) == {UUID.format(0): 81920}
     assert inventory.devices is not None  # the parent knows them: a claim on one holds it
-    assert inventory.devices[0].partitions == tuple(
+    assert inventory.devices[0].held_whole_by == tuple(
         sorted(f"gpu.nvidia.com/gpu-1/gpu-0-mig-19-{i}-1" for i in range(7))
     )
     orphans = gpu_inventory(node(), [rslice([mig(0, parent=5, **counters)])])

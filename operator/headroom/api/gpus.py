@@ -52,10 +52,11 @@ class GpuDevice:
     ``memory_mb`` is whole MiB, rounded down. ``parent`` is a MIG device's GPU
     UUID when the source says it. ``ref`` is a ResourceSlice device's DRA name,
     ``<driver>/<pool>/<device>``, as a ResourceClaim's allocation names it (empty for
-    other sources): what ties a DRA allocation to this device. ``partitions`` are the
-    DRA names of the dynamic MIG partitions (KEP-4815 partitionable devices) that may
-    be carved from this GPU: not devices of their own, but an allocation of one holds
-    this GPU whole (a GPU in MIG mode runs nothing outside its MIG instances).
+    other sources): what ties a DRA allocation to this device. ``held_whole_by`` are
+    other DRA names an allocation of which holds this device whole: for a GPU, the
+    dynamic MIG partitions (KEP-4815 partitionable devices) that may be carved from it,
+    not devices of their own (a GPU in MIG mode runs nothing outside its MIG
+    instances); for a static MIG device, its parent GPU, not a device of its own here.
     """
 
     id: str
@@ -64,4 +65,4 @@ class GpuDevice:
     parent: str | None = None
     model: str = ""
     ref: str = ""
-    partitions: tuple[str, ...] = ()
+    held_whole_by: tuple[str, ...] = ()

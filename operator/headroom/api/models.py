@@ -390,8 +390,9 @@ class NodeHeadroomStatus(_Model):
         None,
         alias="limitVRAMMB",
         description=(
-            "VRAM capacity × VRAM overcommit ratio: the most the node's claims may hold in "
-            "sum, MiB; absent when VRAM is unknown or unlimited (ratio 0)."
+            "VRAM capacity × VRAM overcommit ratio, less what is held outside Headroom on the "
+            "node's devices: the most the node's claims may hold in sum, MiB; absent when "
+            "VRAM is unknown or unlimited (ratio 0)."
         ),
     )
     active_entries: int = Field(

@@ -7,8 +7,9 @@ holds what outside the ledger, and works out per device what that leaves:
 
 * A DRA allocation result holds its device by its ``consumedCapacity`` memory
   where the driver publishes consumable memory, else the whole device; one on a
-  dynamic MIG partition of a GPU (``GpuDevice.partitions``) holds the GPU whole,
-  since a GPU in MIG mode runs nothing outside its MIG instances. Results
+  dynamic MIG partition of a GPU holds the GPU whole, since a GPU in MIG mode runs
+  nothing outside its MIG instances, and one on a static MIG device's parent GPU
+  holds each of its MIG devices whole (``GpuDevice.held_whole_by``). Results
   are keyed by the device's DRA name ``driver/pool/device`` (``GpuDevice.ref``),
   so a claim seen before its node's ResourceSlices counts as soon as they are read.
 * A device-plugin pod bound to a node holds ``k`` whole GPUs there. The API does
@@ -17,9 +18,11 @@ holds what outside the ledger, and works out per device what that leaves:
   device-plugin pod has a GPU to itself, so a consistent cluster gave it devices
   nobody else used. This is an assumption, recomputed from the current holdings.
 * No double counting, as for RAM: a pod's own admitted claims on the node it runs
-  on offset what it holds outside. A device-plugin pod counts only beyond the
-  number of devices its claims hold there; a ResourceClaim reserved for a pod
-  that holds a claim on the same device counts only beyond that claim's share.
+  on offset what it holds outside, each MiB once. A ResourceClaim reserved for a
+  pod that holds a claim on the same device counts only beyond that claim's share;
+  a device-plugin pod counts only beyond the number of devices its claims hold
+  there that no ResourceClaim of it has used as an offset.
+* What is held outside a device is never counted as more than the device.
 
 A device held whole (by a device-plugin pod, or by a DRA allocation without
 consumed capacity) has no free memory for anyone else, whatever the VRAM ratio;
@@ -138,10 +141,12 @@ class ExternalHoldings:
 
     # -- per device ----------------------------------------------------------------------------
 
-    def plugin_gpus(self, node: str, own: Mapping[PodKey, Mapping[str, int]]) -> int:
-        """GPUs device-plugin pods on ``node`` hold beyond the devices their own claims hold."""
-        pods = self._pods_by_node.get(node, {})
-        return sum(max(0, k - _devices_held(own.get(pod))) for pod, k in pods.items())
+    def plugin_gpus(
+        self, node: str, devices: Iterable[GpuDevice], own: Mapping[PodKey, Mapping[str, int]]
+    ) -> int:
+        """GPUs device-plugin pods on ``node`` hold beyond the devices their own claims hold
+        (claims not already spent offsetting the pods' DRA claims)."""
+        return self._plugin_wanted(node, self._dra(devices, own)[2])
 
     def outside(
         self,
@@ -157,26 +162,12 @@ class ExternalHoldings:
         MiB its admitted claims on this node hold (what offsets its outside holdings).
         """
         devices = list(devices)
-        mb: dict[str, int] = {}
-        whole: set[str] = set()
-        for device in devices:
-            for ref in _refs(device):
-                for key in self._by_ref.get(ref, ()):
-                    claim = self._claims[key]
-                    # A MIG partition holds its GPU whole, whatever it consumes.
-                    amount = claim.amounts[ref] if ref == device.ref else None
-                    own_mb = sum((own.get(pod) or {}).get(device.id, 0) for pod in claim.pods)
-                    full = device.memory_mb if amount is None else amount
-                    mb[device.id] = mb.get(device.id, 0) + max(0, full - own_mb)
-                    if amount is None:
-                        whole.add(device.id)
+        mb, whole, left = self._dra(devices, own)
         plugin: set[str] = set()
-        wanted = self.plugin_gpus(node, own)
+        wanted = self._plugin_wanted(node, left)
         if wanted:
-            emptiest = sorted(devices, key=lambda d: (held.get(d.id, 0) + mb.get(d.id, 0), d.id))[
-                :wanted
-            ]
-            plugin = {d.id for d in emptiest}
+            emptiest = sorted(devices, key=lambda d: (held.get(d.id, 0) + mb.get(d.id, 0), d.id))
+            plugin = {d.id for d in emptiest[:wanted]}
         return {
             device.id: Outside(
                 device.memory_mb if device.id in plugin else mb.get(device.id, 0),
@@ -186,6 +177,37 @@ class ExternalHoldings:
             for device in devices
             if device.id in mb or device.id in plugin
         }
+
+    def _dra(
+        self, devices: Iterable[GpuDevice], own: Mapping[PodKey, Mapping[str, int]]
+    ) -> tuple[dict[str, int], set[str], dict[PodKey, dict[str, int]]]:
+        """What DRA claims hold per device (never more than the device), the devices they
+        hold whole, and what of each pod's own claims is left once spent as offsets: an
+        own claim offsets its pod's outside holdings once, not once per holder."""
+        mb: dict[str, int] = {}
+        whole: set[str] = set()
+        left = {pod: dict(assignment) for pod, assignment in own.items()}
+        for device in devices:
+            for ref in _refs(device):
+                for key in sorted(self._by_ref.get(ref, ())):
+                    claim = self._claims[key]
+                    # Another name (a MIG partition, a MIG parent) holds it whole.
+                    amount = claim.amounts[ref] if ref == device.ref else None
+                    counted = device.memory_mb if amount is None else amount
+                    for pod in sorted(claim.pods):
+                        mine = left.get(pod, {})
+                        offset = min(counted, mine.get(device.id, 0))
+                        if offset:
+                            mine[device.id] -= offset
+                            counted -= offset
+                    mb[device.id] = min(device.memory_mb, mb.get(device.id, 0) + counted)
+                    if amount is None:
+                        whole.add(device.id)
+        return mb, whole, left
+
+    def _plugin_wanted(self, node: str, left: Mapping[PodKey, Mapping[str, int]]) -> int:
+        pods = self._pods_by_node.get(node, {})
+        return sum(max(0, k - _devices_held(left.get(pod))) for pod, k in pods.items())
 
     def any_on(self, node: str, devices: Iterable[GpuDevice]) -> bool:
         """Whether anything is held outside on ``node`` (a fast path for the common case)."""
@@ -197,9 +219,10 @@ class ExternalHoldings:
 
 
 def _refs(device: GpuDevice) -> list[str]:
-    """The DRA names an allocation holds ``device`` by: its own, and its partitions'."""
+    """The DRA names an allocation holds ``device`` by: its own, and the others' that
+    hold it whole (its dynamic MIG partitions, or a static MIG device's parent)."""
     own = [device.ref] if device.ref else []
-    return own + list(device.partitions)
+    return own + list(device.held_whole_by)
 
 
 def _devices_held(assignment: Mapping[str, int] | None) -> int:

@@ -73,11 +73,27 @@ class NodeState:
         return max(scaled - self.limits.system_reserve_mb - self.pod_requests_mb, 0)
 
     def limit_vram_mb(self) -> int | None:
-        """Most VRAM the node's claims may hold in sum: ``floor(VRAM × VRAM ratio)``;
-        None when VRAM is unknown or unlimited (VRAM ratio 0)."""
+        """Most VRAM the node's claims may hold in sum: ``floor(VRAM × VRAM ratio)`` less
+        what is held outside Headroom (a device held whole: its whole limit), as pods'
+        requests come off the RAM limit; None when VRAM is unknown or unlimited (ratio 0)."""
         if self.vram_mb is None:
             return None
-        return device_math.device_limit_mb(self.vram_mb, self.limits.max_vram_overcommit_ratio)
+        limit = device_math.device_limit_mb(self.vram_mb, self.limits.max_vram_overcommit_ratio)
+        return None if limit is None else max(limit - self.vram_outside_mb(), 0)
+
+    def vram_outside_mb(self) -> int:
+        """What is held outside Headroom on the node's devices, as it comes off the VRAM
+        limit: a device held whole takes its whole limit, a share its MiB."""
+        outside = self.outside()
+        if not outside:
+            return 0
+        ratio = self.limits.max_vram_overcommit_ratio
+        taken = 0
+        for device in self.devices or ():
+            if (there := outside.get(device.id)) is not None:
+                whole = device_math.device_limit_mb(device.memory_mb, ratio) if there.whole else 0
+                taken += max(there.mb, whole or 0)
+        return taken
 
     def on_devices(self, entry: Entry) -> bool:
         """Whether ``entry`` is admitted per device here: it asks VRAM over at least one
@@ -112,7 +128,7 @@ class NodeState:
         """GPUs device-plugin pods here hold beyond the devices their own claims hold."""
         if self.external is None:
             return 0
-        return self.external.plugin_gpus(self.name, self.own)
+        return self.external.plugin_gpus(self.name, self.devices or (), self.own)
 
     def changed(self) -> None:
         """Devices or limits were set: a kept device choice no longer holds."""
@@ -206,10 +222,12 @@ class NodeState:
         ):
             ratio = self.limits.max_vram_overcommit_ratio
             scaled = "" if ratio == 1 else f" × {format_ratio(ratio)}"
+            taken = self.vram_outside_mb()
+            held = f"− {taken} held outside Headroom " if taken else ""
             return Reason.INSUFFICIENT_VRAM, (
                 f"node {self.name}: requested {entry.vram_mb} MiB VRAM, allocatable "
                 f"{max(vram_limit - self.reserved_vram_mb, 0)} MiB (VRAM {self.vram_mb}{scaled} "
-                f"− reserved {self.reserved_vram_mb})"
+                f"{held}− reserved {self.reserved_vram_mb})"
             )
         if self.on_devices(entry):
             choice = self.choose(entry)

@@ -33,9 +33,10 @@ Decisions:
   shared counters (KEP-4815 partitionable devices, e.g. dynamic MIG) is one of
   several overlapping *possible* partitions: such a MIG device is dropped in
   favour of its parent GPU, and if its parent is not published the node's VRAM
-  is unknown, since overlapping partitions cannot be summed. The parent keeps
-  its partitions' DRA names (``GpuDevice.partitions``): a ResourceClaim
-  allocated on one holds the parent.
+  is unknown, since overlapping partitions cannot be summed. What is dropped is
+  kept as a DRA name (``GpuDevice.held_whole_by``): a ResourceClaim allocated on
+  a dynamic partition holds its parent GPU whole, and one allocated on a static
+  MIG device's parent holds each of its MIG devices whole.
 """
 
 from __future__ import annotations
@@ -269,10 +270,13 @@ def _without_double_counting(found: list[_Found], problems: list[str]) -> list[G
         if entry.device.kind is DeviceKind.MIG and not entry.partition
     }
     partitions: dict[str, list[str]] = {}  # parent GPU id -> its partitions' DRA names
+    carved_refs: dict[str, str] = {}  # a dropped static-MIG parent's id -> its DRA name
     devices: list[GpuDevice] = []
     for entry in found:
         device = entry.device
         if device.kind is DeviceKind.GPU and device.id in carved:
+            if device.ref:
+                carved_refs[device.id] = device.ref
             continue
         if device.kind is DeviceKind.MIG and entry.partition:
             if device.parent not in gpus:
@@ -285,9 +289,17 @@ def _without_double_counting(found: list[_Found], problems: list[str]) -> list[G
                 partitions.setdefault(device.parent, []).append(device.ref)
             continue
         devices.append(device)
-    return [
-        replace(device, partitions=tuple(sorted(partitions[device.id])))
-        if device.kind is DeviceKind.GPU and device.id in partitions
-        else device
-        for device in devices
-    ]
+    return [_held_whole_by(device, partitions, carved_refs) for device in devices]
+
+
+def _held_whole_by(
+    device: GpuDevice, partitions: Mapping[str, list[str]], carved_refs: Mapping[str, str]
+) -> GpuDevice:
+    """A GPU with its dynamic partitions, a static MIG device with its parent: DRA names
+    that are no device here, but whose allocation holds this one whole."""
+    if device.kind is DeviceKind.GPU and device.id in partitions:
+        return replace(device, held_whole_by=tuple(sorted(partitions[device.id])))
+    parent_ref = carved_refs.get(device.parent or "")
+    if device.kind is DeviceKind.MIG and parent_ref is not None:
+        return replace(device, held_whole_by=(parent_ref,))
+    return device
