@@ -214,6 +214,12 @@ class NodeState:
                 f"{format_ratio(self.limits.max_overcommit_ratio)} − reserve "
                 f"{self.limits.system_reserve_mb}{pods} − reserved {self.reserved_ram_mb})"
             )
+        # Devices first: their refusal says which device lacks what; the node's sum
+        # (which what is held outside comes off too) stays checked after them.
+        if self.on_devices(entry):
+            choice = self.choose(entry)
+            if isinstance(choice, device_math.DeviceRefusal):
+                return Reason.INSUFFICIENT_VRAM, choice.message(self.name)
         vram_limit = self.limit_vram_mb()
         if (
             entry.vram_mb
@@ -229,10 +235,6 @@ class NodeState:
                 f"{max(vram_limit - self.reserved_vram_mb, 0)} MiB (VRAM {self.vram_mb}{scaled} "
                 f"{held}− reserved {self.reserved_vram_mb})"
             )
-        if self.on_devices(entry):
-            choice = self.choose(entry)
-            if isinstance(choice, device_math.DeviceRefusal):
-                return Reason.INSUFFICIENT_VRAM, choice.message(self.name)
         return None
 
     def add(self, entry: Entry) -> None:
