@@ -34,6 +34,7 @@ from headroom.kube.leader import LeaseSettings
 from headroom.kube.leasethread import LeaseThread
 from headroom.objects.certificates import CertificatePolicy, service_names
 from headroom.serving.access import AccessReviewer
+from headroom.serving.extender import ExtenderServer
 from headroom.serving.metrics import EventsCollector, OperatorMetrics
 from headroom.serving.probes import ProbeServer
 from headroom.serving.scrape import MetricsServer
@@ -249,6 +250,16 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
         supervisor.spawn("metrics-certificate", scrapes.keep_certificate())
     await probes.start()
     log.info("probes on http://%s:%d", config.probe_host, probes.port)
+    extender = None
+    if config.extender_port is not None:
+        extender = ExtenderServer(
+            controller,
+            config.extender_host,
+            config.extender_port,
+            deciding=controller.ready.is_set,
+        )
+        await extender.start()
+        log.info("scheduler extender on http://%s:%d", config.extender_host, extender.port)
     if webhook is not None:  # every replica serves it, before and without the Lease
         await webhook[0].start()
         supervisor.spawn("webhook-certificate", webhook[1].run())
@@ -283,6 +294,8 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
             log.info("stopping: the webhook answers %.0fs more, the Lease is released", drain)
             await signals.drain(drained - asyncio.get_running_loop().time())
         await probes.stop()
+        if extender is not None:
+            await extender.stop()
         await scrapes.stop()
         if webhook is not None:
             await webhook[0].stop()

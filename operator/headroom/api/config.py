@@ -337,6 +337,17 @@ class OperatorConfig(BaseModel):
         8081, alias="probePort", ge=0, le=65535, description="/healthz and /readyz, plain HTTP."
     )
     probe_host: str = Field("0.0.0.0", alias="probeHost")  # a pod listens on all interfaces
+    extender_port: StrictInt | None = Field(
+        None,
+        alias="extenderPort",
+        ge=0,
+        le=65535,
+        description=(
+            "kube-scheduler's extender (filter, prioritize), plain HTTP; absent: not served. "
+            "Being built (issue 30): not for production yet."
+        ),
+    )
+    extender_host: str = Field("0.0.0.0", alias="extenderHost")
     metrics_port: StrictInt = Field(8443, alias="metricsPort", ge=0, le=65535)
     metrics_host: str = Field("0.0.0.0", alias="metricsHost")
     metrics_secure: StrictBool = Field(

@@ -60,21 +60,7 @@ def choose_node(
     refused: dict[str, tuple[str, str]] = {}
     tried = 0
     quotas = state.ledger.quotas
-    meta = pod.get("metadata") or {}
-    namespace = str(meta.get("namespace", ""))
-    wait = pod_wait(claim, quotas.max_wait(namespace))
-    probe = Entry(  # the pod's reservation as its quotas judge it, on each node in turn
-        id=f"{namespace}/{meta.get('name', '')}",
-        node="",
-        ram_mb=claim.ram_mb,
-        vram_mb=claim.vram_mb,
-        created_at=now,
-        last_heartbeat=now,
-        owner=Owner(pod=str(meta.get("name", "")), surface="pod"),
-        wait_until=now + wait if wait is not None else None,
-        pod_lifetime=True,
-        gpus=1 if claim.gpus is None else claim.gpus,
-    )
+    probe = pod_probe(state, pod, claim, now)
 
     def allowed(node: str) -> bool:
         nonlocal tried
@@ -122,6 +108,26 @@ def choose_node(
     if ranked:
         return Placement(ranked[0][0][3])
     return _nowhere(refused, tried)
+
+
+def pod_probe(state: State, pod: JSON, claim: PodClaim, now: datetime) -> Entry:
+    """The pod's reservation as the ledger and its quotas would judge it, created now;
+    its ``node`` is set to each node in turn."""
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace", ""))
+    wait = pod_wait(claim, state.ledger.quotas.max_wait(namespace))
+    return Entry(
+        id=f"{namespace}/{meta.get('name', '')}",
+        node="",
+        ram_mb=claim.ram_mb,
+        vram_mb=claim.vram_mb,
+        created_at=now,
+        last_heartbeat=now,
+        owner=Owner(pod=str(meta.get("name", "")), surface="pod"),
+        wait_until=now + wait if wait is not None else None,
+        pod_lifetime=True,
+        gpus=1 if claim.gpus is None else claim.gpus,
+    )
 
 
 def _fits_devices(state: State, probe: Entry, node: str) -> bool:

@@ -1,0 +1,88 @@
+"""What the ledger tells kube-scheduler about one pod: filter and prioritize.
+
+A second, stock kube-scheduler (profile ``headroom``) asks the Headroom leader, as
+its extender, which of the nodes it found feasible have room in the ledger for the
+pod's claim, and how the node policy ranks them
+(``docs/development/design-scheduler-extender.md``). Both are reads of the
+leader's ledger: nothing is held here, the claim is admitted at bind.
+
+A node without room is *unresolvable*: preemption of other pods never makes ledger
+room (their reservations are not theirs to give), so the scheduler is told not to try.
+The reason is short and has no numbers (``headroom: InsufficientRAM``), so that the
+scheduler's message adds up the nodes per reason; the numbers are the pod's own
+condition's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from headroom.api.claims import pod_claim
+from headroom.api.parse import InvalidValueError
+from headroom.control.placement import pod_probe
+from headroom.control.state import State
+from headroom.kube.transport import JSON
+
+#: kube-scheduler's MaxExtenderPriority (k8s.io/kube-scheduler extender/v1).
+MAX_SCORE = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Filtered:
+    """The nodes with room, and per node without room the reason (unresolvable)."""
+
+    nodes: list[str]
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def reasons(self) -> Counter[str]:
+        return Counter(self.refused.values())
+
+
+def filter_nodes(state: State, pod: JSON, names: list[str], now: datetime) -> Filtered:
+    """Which of ``names`` have room for ``pod``'s claim now, as the ledger would decide it
+    (room, devices, entry cap, and the pod's quotas: their node selectors, lifetimes,
+    waits and room)."""
+    try:
+        claim = pod_claim(pod)
+    except InvalidValueError:
+        return Filtered([], {name: "headroom: BadClaim" for name in names})
+    probe = pod_probe(state, pod, claim, now)
+    fits: list[str] = []
+    refused: dict[str, str] = {}
+    for name in names:
+        probe.node = name
+        refusal = state.ledger.refusal(probe, now)
+        if refusal is None:
+            fits.append(name)
+        else:
+            refused[name] = f"headroom: {refusal[0]}"
+    return Filtered(fits, refused)
+
+
+def prioritize(
+    state: State, pod: JSON, names: list[str], now: datetime, *, binpack: bool = False
+) -> dict[str, int]:
+    """A score from 0 to ``MAX_SCORE`` per node: by the RAM left after the claim, most
+    first (spread, today's gate placement order) or least first (binpack). Only breaks
+    ties among the nodes the scheduler finds equal: it never makes a node feasible."""
+    try:
+        ram = pod_claim(pod).ram_mb
+    except InvalidValueError:
+        return {name: 0 for name in names}
+    left: dict[str, int] = {}
+    for name in names:
+        if state.ledger.knows(name):
+            left[name] = state.ledger.node_summary(name, now).allocatable_ram_mb - ram
+    if not left:
+        return {name: 0 for name in names}
+    low, high = min(left.values()), max(left.values())
+    scores = {}
+    for name in names:
+        if name not in left or high == low:
+            scores[name] = 0 if name not in left else MAX_SCORE
+            continue
+        share = (left[name] - low) * MAX_SCORE // (high - low)
+        scores[name] = MAX_SCORE - share if binpack else share
+    return scores

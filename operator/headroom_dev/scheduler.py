@@ -1,0 +1,78 @@
+"""A second, stock kube-scheduler whose extender is Headroom (issue 30, being built).
+
+The shape the chart is to deploy (``docs/development/design-scheduler-extender.md``):
+one profile, ``schedulerName: headroom``, scoring every node, short backoffs, and one
+extender with ``nodeCacheCapable: true``. Here over plain HTTP on loopback, beside a
+:class:`ControlPlane` started with ``controllers=True`` (whose own kube-scheduler keeps
+scheduling every other pod), with the identity ``system:kube-scheduler``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import yaml
+
+from headroom_dev.controllers import BUILD
+from headroom_dev.process import Child, binary, free_port, https_get
+
+if TYPE_CHECKING:
+    from headroom_dev.controlplane import ControlPlane
+
+NAME = "headroom-scheduler"
+SCHEDULER_NAME = "headroom"
+
+
+class HeadroomScheduler:
+    def __init__(self, plane: ControlPlane, extender_url: str) -> None:
+        self.plane, self.port = plane, free_port()
+        work, pki = plane.workdir, plane.pki
+        plane.ca.serving(NAME).write(pki, NAME)
+        kubeconfig = plane.write_kubeconfig(work / f"{NAME}.kubeconfig", "system:kube-scheduler")
+        self.config = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "leaderElection": {"leaderElect": False},
+            "podInitialBackoffSeconds": 1,
+            "podMaxBackoffSeconds": 5,
+            "profiles": [{"schedulerName": SCHEDULER_NAME, "percentageOfNodesToScore": 100}],
+            "extenders": [
+                {
+                    "urlPrefix": extender_url,
+                    "filterVerb": "filter",
+                    "prioritizeVerb": "prioritize",
+                    "weight": 1,
+                    "nodeCacheCapable": True,
+                    "httpTimeout": "5s",
+                }
+            ],
+        }
+        config = work / f"{NAME}.yaml"
+        config.write_text(yaml.safe_dump(self.config))
+        self.child = Child(NAME, [], work / f"{NAME}.log")
+        self._argv = [
+            "--config",
+            str(config),
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authentication-skip-lookup=true",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.port}",
+            f"--tls-cert-file={pki / f'{NAME}.crt'}",
+            f"--tls-private-key-file={pki / f'{NAME}.key'}",
+        ]
+
+    def start(self, timeout: float = 60.0) -> HeadroomScheduler:
+        self.child.argv = [str(binary("kube-scheduler", BUILD)), *self._argv]
+        self.child.start()
+        self.child.wait_until(self._healthy, timeout)
+        return self
+
+    def stop(self) -> None:
+        self.child.stop()
+
+    def _healthy(self) -> bool:
+        status, _ = https_get(self.port, "/healthz", self.plane.ssl_context())
+        return status == 200
