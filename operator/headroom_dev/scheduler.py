@@ -24,11 +24,13 @@ SCHEDULER_NAME = "headroom"
 
 
 class HeadroomScheduler:
-    def __init__(self, plane: ControlPlane, extender_url: str) -> None:
+    def __init__(self, plane: ControlPlane, extender_url: str, *, name: str = NAME) -> None:
+        """``name``: of its files and certificate; a second one beside the first is
+        another name (both unelected: each schedules every ``headroom`` pod)."""
         self.plane, self.port = plane, free_port()
         work, pki = plane.workdir, plane.pki
-        plane.ca.serving(NAME).write(pki, NAME)
-        kubeconfig = plane.write_kubeconfig(work / f"{NAME}.kubeconfig", "system:kube-scheduler")
+        plane.ca.serving(name).write(pki, name)
+        kubeconfig = plane.write_kubeconfig(work / f"{name}.kubeconfig", "system:kube-scheduler")
         self.config = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
@@ -42,15 +44,16 @@ class HeadroomScheduler:
                     "urlPrefix": extender_url,
                     "filterVerb": "filter",
                     "prioritizeVerb": "prioritize",
+                    "bindVerb": "bind",
                     "weight": 1,
                     "nodeCacheCapable": True,
                     "httpTimeout": "5s",
                 }
             ],
         }
-        config = work / f"{NAME}.yaml"
+        config = work / f"{name}.yaml"
         config.write_text(yaml.safe_dump(self.config))
-        self.child = Child(NAME, [], work / f"{NAME}.log")
+        self.child = Child(name, [], work / f"{name}.log")
         self._argv = [
             "--config",
             str(config),
@@ -60,8 +63,8 @@ class HeadroomScheduler:
             "--authentication-skip-lookup=true",
             "--bind-address=127.0.0.1",
             f"--secure-port={self.port}",
-            f"--tls-cert-file={pki / f'{NAME}.crt'}",
-            f"--tls-private-key-file={pki / f'{NAME}.key'}",
+            f"--tls-cert-file={pki / f'{name}.crt'}",
+            f"--tls-private-key-file={pki / f'{name}.key'}",
         ]
 
     def start(self, timeout: float = 60.0) -> HeadroomScheduler:

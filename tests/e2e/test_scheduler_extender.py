@@ -1,16 +1,18 @@
 """The node chosen by the real kube-scheduler among the nodes where the ledger has room
-(issue 30 item 1, being built: filter and prioritize only, no bind yet).
+(issue 30 item 1, being built).
 
 A second stock kube-scheduler (profile ``headroom``) asks the operator, as its extender,
-which feasible nodes have room; kube-scheduler's own predicates (CPU here) still hold.
-Until the bind verb is built the DefaultBinder binds, so these tests check only where
-pods go, and the operator records a bound claim pod as it records any running one.
+which feasible nodes have room (filter), how the node policy ranks them (prioritize),
+and binds through it (bind): the pod's reservation is admitted on the chosen node and
+its decision written before the Binding. kube-scheduler's own predicates (CPU here)
+still hold. What is checked is what the API holds, not what the operator says.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +33,22 @@ def api(controllers_api: client.ApiClient) -> client.ApiClient:
     return controllers_api
 
 
+@dataclass
+class Extender:
+    operator: OperatorProcess
+    url: str
+
+
 @pytest.fixture
-def extender(controllers_plane: ControlPlane, tmp_path: Path) -> Iterator[OperatorProcess]:
+def extender(controllers_plane: ControlPlane, tmp_path: Path) -> Iterator[Extender]:
     port = free_port()
     operator = OperatorProcess(
         controllers_plane.kubeconfig, tmp_path, {"extenderPort": port, "extenderHost": "127.0.0.1"}
     ).start()
     operator.wait_ready(body="ok")
-    scheduler = HeadroomScheduler(controllers_plane, f"http://127.0.0.1:{port}").start()
-    yield operator
+    url = f"http://127.0.0.1:{port}"
+    scheduler = HeadroomScheduler(controllers_plane, url).start()
+    yield Extender(operator, url)
     scheduler.stop()
     operator.stop()
 
@@ -87,21 +96,45 @@ def bound_to(core: client.CoreV1Api, namespace: str, name: str) -> str:
     return str(pod.spec.node_name)
 
 
+def reservation_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "headroom.dev", "v1alpha1", namespace, "reservations", name
+    )
+    return found
+
+
+def assert_bound_on_its_admission(api: client.ApiClient, namespace: str, name: str) -> str:
+    """The pod is bound, and to the node where its own reservation is Admitted."""
+    core = client.CoreV1Api(api)
+    pod = core.read_namespaced_pod(name, namespace)
+    node = pod.spec.node_name
+    assert node, f"pod {name} not bound"
+    reservation = reservation_of(api, namespace, name)
+    owners = reservation["metadata"]["ownerReferences"]
+    assert [o["uid"] for o in owners] == [pod.metadata.uid]
+    assert reservation["spec"]["node"] == node
+    assert (reservation.get("status") or {}).get("phase") == "Admitted", reservation.get("status")
+    assert (pod.metadata.annotations or {}).get("headroom.dev/reservation") == name
+    return str(node)
+
+
 def test_the_scheduler_places_a_claim_pod_where_the_ledger_has_room_and_its_cpu_fits(
-    api: client.ApiClient, extender: OperatorProcess, pool: tuple[str, str, dict[str, str]]
+    api: client.ApiClient, extender: Extender, pool: tuple[str, str, dict[str, str]]
 ) -> None:
     core = client.CoreV1Api(api)
     namespace, label, nodes = pool
     # The most RAM is on roomy, but its one CPU does not hold 2: kube-scheduler's verdict.
     core.create_namespaced_pod(namespace, claim_pod("cpu-bound", label, "4Gi", cpu="2"))
     assert eventually(lambda: bound_to(core, namespace, "cpu-bound"), timeout=30) == nodes["cpu"]
+    assert assert_bound_on_its_admission(api, namespace, "cpu-bound") == nodes["cpu"]
     # 16 GiB fits on roomy and cpu only; the node policy (spread) prefers the most RAM left.
     core.create_namespaced_pod(namespace, claim_pod("big", label, "16Gi"))
     assert eventually(lambda: bound_to(core, namespace, "big"), timeout=30) == nodes["roomy"]
+    assert assert_bound_on_its_admission(api, namespace, "big") == nodes["roomy"]
 
 
 def test_a_claim_pod_no_node_has_room_for_waits_saying_why(
-    api: client.ApiClient, extender: OperatorProcess, pool: tuple[str, str, dict[str, str]]
+    api: client.ApiClient, extender: Extender, pool: tuple[str, str, dict[str, str]]
 ) -> None:
     core = client.CoreV1Api(api)
     namespace, label, _ = pool
@@ -117,3 +150,51 @@ def test_a_claim_pod_no_node_has_room_for_waits_saying_why(
     message = eventually(unschedulable, timeout=30)
     assert "headroom: InsufficientRAM" in message
     assert not core.read_namespaced_pod("huge", namespace).spec.node_name
+
+
+def test_two_schedulers_binding_the_same_pods_make_one_reservation_each_and_never_overcommit(
+    api: client.ApiClient,
+    controllers_plane: ControlPlane,
+    extender: Extender,
+    pool: tuple[str, str, dict[str, str]],
+) -> None:
+    """A second scheduler without leader election: both filter and bind every pod (the
+    design's spike, M10). Each pod gets one reservation, is bound once, on the node where
+    that reservation is Admitted; the ledger's limit holds on every node."""
+    core = client.CoreV1Api(api)
+    namespace, label, _ = pool
+    second = HeadroomScheduler(
+        controllers_plane,
+        extender.url,
+        name="headroom-scheduler-2",
+    ).start()
+    try:
+        # 24 x 3 GiB = 72 GiB: more than small (8 GiB) and cpu (32 GiB) hold, so binds
+        # are refused there by the ledger in races, and the rest goes to roomy, whose one
+        # CPU holds 24 x 10m.
+        for index in range(24):
+            core.create_namespaced_pod(namespace, claim_pod(f"p{index}", label, "3Gi", "10m"))
+
+        def all_bound() -> list[str]:
+            pods = core.list_namespaced_pod(namespace).items
+            unbound = [(p.metadata.name, p.status.conditions) for p in pods if not p.spec.node_name]
+            assert not unbound, unbound
+            return [p.metadata.name for p in pods]
+
+        names = eventually(all_bound, timeout=60)
+    finally:
+        second.stop()
+    assert len(names) == 24
+    used: dict[str, int] = {}
+    for name in names:
+        node = assert_bound_on_its_admission(api, namespace, name)
+        used[node] = used.get(node, 0) + 3 * 1024
+    reservations = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "headroom.dev", "v1alpha1", namespace, "reservations"
+    )["items"]
+    assert sorted(r["metadata"]["name"] for r in reservations) == sorted(names)
+    for node, mib in used.items():
+        summary: dict[str, Any] = client.CustomObjectsApi(api).get_cluster_custom_object(
+            "headroom.dev", "v1alpha1", "nodeheadrooms", node
+        )
+        assert mib <= summary["status"]["limitRAMMB"], (node, mib, summary["status"])

@@ -22,7 +22,7 @@ from datetime import datetime
 from headroom.api.claims import pod_claim
 from headroom.api.parse import InvalidValueError
 from headroom.control.placement import pod_probe
-from headroom.control.state import State
+from headroom.control.state import Record, State
 from headroom.kube.transport import JSON
 
 #: kube-scheduler's MaxExtenderPriority (k8s.io/kube-scheduler extender/v1).
@@ -40,10 +40,13 @@ class Filtered:
         return Counter(self.refused.values())
 
 
-def filter_nodes(state: State, pod: JSON, names: list[str], now: datetime) -> Filtered:
+def filter_nodes(
+    state: State, pod: JSON, names: list[str], now: datetime, *, own: Record | None = None
+) -> Filtered:
     """Which of ``names`` have room for ``pod``'s claim now, as the ledger would decide it
     (room, devices, entry cap, and the pod's quotas: their node selectors, lifetimes,
-    waits and room)."""
+    waits and room). ``own``: the pod's reservation, if it has one already (a bind that
+    failed after its admission): its node has room for it, it holds it."""
     try:
         claim = pod_claim(pod)
     except InvalidValueError:
@@ -52,6 +55,12 @@ def filter_nodes(state: State, pod: JSON, names: list[str], now: datetime) -> Fi
     fits: list[str] = []
     refused: dict[str, str] = {}
     for name in names:
+        if claim.node is not None and name != claim.node:
+            refused[name] = "headroom: NotTheNamedNode"  # its headroom.dev/node annotation
+            continue
+        if own is not None and own.held and own.node == name:
+            fits.append(name)
+            continue
         probe.node = name
         refusal = state.ledger.refusal(probe, now)
         if refusal is None:

@@ -216,6 +216,7 @@ class Gates(PodCalls):
             self.poke(key)
 
     def reservation_gone(self, uid: str) -> None:
+        self._released(uid)
         key = self._pod_of.pop(uid, None)
         if key is not None:
             self._planned.pop(key, None)
@@ -337,6 +338,17 @@ class Gates(PodCalls):
                 if not made:  # every exit that made nothing clears what it planned
                     self._planned.pop(key, None)
 
+    async def make_for_bind(self, key: PodKey, pod: JSON, claim: PodClaim, node: str) -> bool:
+        """The pod's reservation on ``node``, chosen by kube-scheduler: with no wait, so
+        the ledger admits or refuses it at once (a pod that finds no room waits in the
+        scheduler's queue, not in the ledger's)."""
+        seen = self._pods.get(key)
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        if seen is None or seen.uid != uid:
+            seen = ClaimPod(pod, uid)  # the watch has not shown it yet
+        await self._label_owner(key, seen, self._call)
+        return await self._make(key, seen, claim, node, self._call, wait=False)
+
     async def _label_owner(self, key: PodKey, seen: ClaimPod, call: Caller) -> None:
         if (seen.obj.get("metadata") or {}).get("labels", {}).get(OWNER_LABEL) == "true":
             return
@@ -355,7 +367,14 @@ class Gates(PodCalls):
         )
 
     async def _make(
-        self, key: PodKey, seen: ClaimPod, claim: PodClaim, node: str, call: Caller
+        self,
+        key: PodKey,
+        seen: ClaimPod,
+        claim: PodClaim,
+        node: str,
+        call: Caller,
+        *,
+        wait: bool = True,
     ) -> bool:
         """Create the pod's reservation (or adopt the one there); whether it is the pod's."""
         max_wait = self._state.ledger.quotas.max_wait(key[0])
@@ -363,6 +382,8 @@ class Gates(PodCalls):
         body = pod_reservation(
             seen.obj, claim, node, max_wait=max_wait, node_ram_mb=ram, node_vram_mb=vram
         )
+        if not wait:
+            body["spec"].pop("wait", None)
         path = resource_path("headroom.dev", "v1alpha1", "reservations", key[0])
         try:
             created = await call(lambda: self._transport.create(path, body))

@@ -300,5 +300,7 @@ def admitted_message(pod: JSON, record: Record) -> str:
     devices = record.decision.devices
     on = f"; GPU devices {','.join(sorted(devices))}" if devices else ""
     if RESERVATION_ANNOTATION not in ((pod.get("metadata") or {}).get("annotations") or {}):
+        if bound_node(pod) is None:  # admitted for kube-scheduler's choice; its bind follows
+            return f"admitted on node {record.node}, to be bound; reservation {record.name}{on}"
         return f"recorded on node {record.node}, where it runs; reservation {record.name}{on}"
     return f"pinned to node {record.node}; reservation {record.name}{on}"

@@ -80,11 +80,60 @@ class PodCalls:
             self._reconcile, clock=clock, rng=rng, base=1.0, cap=30.0, name="gated pod"
         )
         self.started = False  # nothing is done before the ledger is rebuilt
+        # Binds in flight (:mod:`headroom.control.binder`) wait on these, not on a timer.
+        self._changes: dict[PodKey, asyncio.Event] = {}  # the pod or its reservation changed
+        self._releases: dict[str, asyncio.Event] = {}  # reservation uid -> the ledger let it go
 
     def poke(self, key: PodKey) -> None:
         """Look at the pod again: its key goes on the work queue."""
         if self.started:
             self._queue.add(key)
+        changed = self._changes.pop(key, None)
+        if changed is not None:
+            changed.set()
+
+    def _released(self, uid: str) -> None:
+        released = self._releases.pop(uid, None)
+        if released is not None:
+            released.set()
+
+    # -- what a bind reads and does (the binder's ``BindGates``) ---------------------------------
+
+    def reservation_of(self, key: PodKey) -> Known | None:
+        return self._reservations.get(key)
+
+    def record_of(self, key: PodKey, pod_uid: str) -> Record | None:
+        """The decision about the pod's reservation, if it was made for incarnation ``pod_uid``."""
+        known = self._reservations.get(key)
+        if known is None or known.pod_uid != pod_uid:
+            return None
+        return self._state.records.get(known.uid)
+
+    def holds(self, uid: str) -> bool:
+        """Whether the ledger still has reservation ``uid`` (its deletion not seen yet)."""
+        return uid in self._state.records
+
+    async def changed(self, key: PodKey) -> None:
+        """Until the pod or its reservation changes (the caller bounds the wait)."""
+        await self._changes.setdefault(key, asyncio.Event()).wait()
+
+    async def released(self, uid: str) -> None:
+        """Until the ledger no longer holds reservation ``uid`` (its deletion was seen)."""
+        if uid in self._state.records:
+            await self._releases.setdefault(uid, asyncio.Event()).wait()
+
+    async def fresh(self, key: PodKey) -> JSON | None:
+        """The pod as the API has it now (None: it does not exist)."""
+        return await self._fresh(key)
+
+    async def delete_reservation(self, key: PodKey, uid: str) -> None:
+        await self._replace(key, uid)
+
+    async def patch_pod(self, key: PodKey, operations: list[JSON]) -> JSON:
+        return await self._call(lambda: self._transport.json_patch(pod_path(*key), operations))
+
+    async def post(self, path: str, body: JSON) -> JSON:
+        return await self._call(lambda: self._transport.create(path, body))
 
     async def _reconcile(self, key: PodKey) -> None:
         raise NotImplementedError

@@ -1,4 +1,4 @@
-"""kube-scheduler's extender endpoint: POST /filter and /prioritize, served by the leader.
+"""kube-scheduler's extender endpoint: POST /filter, /prioritize and /bind, served by the leader.
 
 The wire format is ``k8s.io/kube-scheduler/extender/v1`` (Go structs without JSON
 tags: the field names as they are, ``Pod``, ``NodeNames``, ``FailedAndUnresolvableNodes``,
@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from headroom.control.binder import BindCall, Binder
 from headroom.control.controller import Controller
 from headroom.control.extender import filter_nodes, prioritize
 
@@ -40,12 +41,14 @@ class ExtenderServer:
         self._controller, self._host, self._port = controller, host, port
         self._deciding, self._binpack = deciding, binpack
         self._runner: web.AppRunner | None = None
+        self._binder = Binder(controller.gates, controller.clock)
         self.port = port
 
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post("/filter", self._filter)
         app.router.add_post("/prioritize", self._prioritize)
+        app.router.add_post("/bind", self._bind)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
@@ -74,7 +77,11 @@ class ExtenderServer:
         if args is None:
             return web.json_response({"Error": "expected ExtenderArgs with Pod and NodeNames"})
         pod, names = args
-        found = filter_nodes(self._controller.state, pod, names, self._controller.clock.now())
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        own = self._controller.gates.record_of(key, str(meta.get("uid", "")))
+        now = self._controller.clock.now()
+        found = filter_nodes(self._controller.state, pod, names, now, own=own)
         return web.json_response(
             {"NodeNames": found.nodes, "FailedAndUnresolvableNodes": found.refused, "Error": ""}
         )
@@ -89,3 +96,16 @@ class ExtenderServer:
         now = self._controller.clock.now()
         scores = prioritize(self._controller.state, pod, names, now, binpack=self._binpack)
         return web.json_response([{"Host": n, "Score": s} for n, s in scores.items()])
+
+    async def _bind(self, request: web.Request) -> web.Response:
+        if not self._deciding():
+            return web.Response(status=503, text="not the leader, or its ledger is rebuilding")
+        body = await request.json()
+        fields = ("PodNamespace", "PodName", "PodUID", "Node")
+        if not isinstance(body, dict) or not all(isinstance(body.get(f), str) for f in fields):
+            return web.json_response({"Error": f"expected ExtenderBindingArgs with {fields}"})
+        call = BindCall(body["PodNamespace"], body["PodName"], body["PodUID"], body["Node"])
+        error = await self._binder.bind(call)
+        if error:
+            log.info("pod %s/%s not bound to %s: %s", call.namespace, call.name, call.node, error)
+        return web.json_response({"Error": error})
