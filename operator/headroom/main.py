@@ -102,7 +102,11 @@ def _webhook(
     certificate = webhook.certificate
     namespace = certificate.namespace or os.environ.get("POD_NAMESPACE", "default")
     service_namespace = certificate.service_namespace or namespace
-    server = WebhookThread(WebhookServer(webhook.host, webhook.port, on_review=metrics.reviewed))
+    placement = config.placement
+    scheduler = placement.scheduler_name if placement.mode == "scheduler" else None
+    server = WebhookThread(
+        WebhookServer(webhook.host, webhook.port, on_review=metrics.reviewed, scheduler=scheduler)
+    )
     names = service_names(
         certificate.service_name, service_namespace, tuple(certificate.extra_names)
     )

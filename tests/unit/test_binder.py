@@ -10,6 +10,8 @@ in ``tests/e2e/test_scheduler_extender.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -68,6 +70,10 @@ class FakeGates:
     binding_conflicts: int = 0
     lingering: set[str] = field(default_factory=set)  # deleted, not yet seen gone
     made: int = 0
+
+    @contextlib.asynccontextmanager
+    async def bind_lock(self, key: PodKey) -> AsyncIterator[None]:
+        yield
 
     def reservation_of(self, key: PodKey) -> Known | None:
         return self.known

@@ -150,3 +150,14 @@ def test_metrics_are_secure_by_default_and_probes_apart() -> None:
         parse_config("probePort: 9000\nmetricsPort: 9000")
     with pytest.raises(ConfigError, match="metricsSecure"):
         parse_config("metricsSecure: 'no'")
+
+
+def test_placement_is_by_gate_unless_the_scheduler_mode_names_its_extender() -> None:
+    default = parse_config("", "f.yaml").placement
+    assert (default.mode, default.scheduler_name) == ("gate", "headroom")
+    config = parse_config("placement: {mode: scheduler}\nextenderPort: 9444\n", "f.yaml")
+    assert config.placement.mode == "scheduler"
+    with pytest.raises(ConfigError, match=r"placement\.mode: scheduler needs extenderPort"):
+        parse_config("placement: {mode: scheduler}\n", "f.yaml")
+    with pytest.raises(ConfigError, match=r"placement\.mode"):
+        parse_config("placement: {mode: both}\n", "f.yaml")

@@ -215,3 +215,43 @@ def test_any_pod_shape_gets_a_verdict(metadata: dict[str, Any], spec: Any) -> No
         verdict = gate_pod({"metadata": meta, "spec": spec})
         assert isinstance(verdict, Verdict)
         assert verdict.allowed or verdict.message
+
+
+# -- placement by kube-scheduler (placement.mode: scheduler) ---------------------------------
+
+
+@pytest.mark.parametrize("named", [None, "default-scheduler", "headroom"])
+def test_in_scheduler_mode_a_pod_left_to_the_default_scheduler_gets_ours_and_no_gate(
+    named: str | None,
+) -> None:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
+    if named is not None:
+        spec["schedulerName"] = named
+    obj = pod(spec=spec)
+    verdict = gate_pod(obj, scheduler="headroom")
+    assert verdict.allowed
+    placed: dict[str, Any] = apply_json_patch(json.loads(json.dumps(obj)), verdict.patch)
+    assert placed["spec"]["schedulerName"] == "headroom"
+    assert "schedulingGates" not in placed["spec"]
+    assert placed["metadata"]["labels"][OWNER_LABEL] == "true"
+
+
+def test_in_scheduler_mode_a_pod_naming_another_scheduler_is_gated_as_before() -> None:
+    obj = pod(spec={"containers": [], "schedulerName": "volcano"})
+    verdict = gate_pod(obj, scheduler="headroom")
+    gated = apply(verdict.patch, obj)
+    assert gated["spec"]["schedulingGates"] == [GATE]
+    assert gated["spec"]["schedulerName"] == "volcano"
+
+
+def test_in_scheduler_mode_a_node_name_is_refused_saying_who_binds_the_pod() -> None:
+    verdict = gate_pod(pod(spec={"containers": [], "nodeName": "n1"}), scheduler="headroom")
+    assert not verdict.allowed
+    assert "bound by the scheduler headroom" in verdict.message
+    assert NODE_ANNOTATION in verdict.message
+
+
+def test_in_scheduler_mode_a_bad_claim_is_refused_as_in_gate_mode() -> None:
+    bad = pod({RAM_ANNOTATION: "8 gigs"})
+    assert gate_pod(bad, scheduler="headroom") == gate_pod(bad)
+    assert not gate_pod(bad).allowed

@@ -26,6 +26,7 @@ from headroom.control.podactions import (
     Condition,
     Create,
     Expire,
+    Fence,
     Known,
     Later,
     LetGo,
@@ -302,6 +303,31 @@ ROWS = [
         "not gated, not bound, no reservation -> nothing (the scheduler has it)",
         pod(gated=False),
         Nothing(),
+    ),
+    Row(
+        "admitted at kube-scheduler's bind, not bound yet, within the grace -> says so, looks "
+        "again when the grace runs out",
+        pod(gated=False),
+        Later(
+            40.0,
+            Say("Admitted", f"admitted on node {NODE}, to be bound; reservation {NAME}"),
+        ),
+        known(),
+        replace(ADMITTED, changed_at=NOW - 20),
+    ),
+    Row(
+        "admitted at kube-scheduler's bind, not bound past the grace -> fenced, then released",
+        pod(gated=False),
+        Fence(replace(ADMITTED, changed_at=NOW - 61)),
+        known(),
+        replace(ADMITTED, changed_at=NOW - 61),
+    ),
+    Row(
+        "ungated and pinned by the gate path, not bound yet -> no grace: it is pinned there",
+        pod(gated=False, pinned=True),
+        Condition("Admitted", f"pinned to node {NODE}; reservation {NAME}"),
+        known(),
+        replace(ADMITTED, changed_at=NOW - 600),
     ),
 ]
 

@@ -275,6 +275,35 @@ class WebhookConfig(BaseModel):
     )
 
 
+class PlacementConfig(BaseModel):
+    """Who chooses an opted-in pod's node (``docs/development/design-scheduler-extender.md``)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    mode: Literal["gate", "scheduler"] = Field(
+        "gate",
+        description=(
+            "gate: the webhook gates opted-in pods; the operator chooses a node by memory "
+            "and its hard constraints, and pins the pod there once admitted. scheduler: the "
+            "webhook gives them schedulerName (below), a second kube-scheduler whose "
+            "extender is this operator (extenderPort) chooses among the nodes with room "
+            "and binds through it. Being built (issue 30): not for production yet."
+        ),
+    )
+    scheduler_name: str = Field(
+        "headroom", alias="schedulerName", min_length=1, max_length=253, pattern=r"^[a-z0-9.-]+$"
+    )
+    bind_grace: FastDuration = Field(
+        timedelta(seconds=60),
+        alias="bindGrace",
+        description=(
+            "A reservation admitted for kube-scheduler's choice whose pod is not bound this "
+            "long after (no bind in flight) is released, after a fence write on the pod that "
+            "makes any Binding still on its way fail."
+        ),
+    )
+
+
 class OperatorConfig(BaseModel):
     """Everything the operator reads at start."""
 
@@ -333,6 +362,7 @@ class OperatorConfig(BaseModel):
         default_factory=LeaderElectionConfig, alias="leaderElection"
     )
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
     probe_port: StrictInt = Field(
         8081, alias="probePort", ge=0, le=65535, description="/healthz and /readyz, plain HTTP."
     )
@@ -343,8 +373,8 @@ class OperatorConfig(BaseModel):
         ge=0,
         le=65535,
         description=(
-            "kube-scheduler's extender (filter, prioritize), plain HTTP; absent: not served. "
-            "Being built (issue 30): not for production yet."
+            "kube-scheduler's extender (filter, prioritize, bind), plain HTTP; absent: not "
+            "served. Being built (issue 30): not for production yet."
         ),
     )
     extender_host: str = Field("0.0.0.0", alias="extenderHost")
@@ -372,6 +402,10 @@ class OperatorConfig(BaseModel):
     def _ports_apart(self) -> OperatorConfig:
         if self.probe_port and self.probe_port == self.metrics_port:
             raise ValueError(f"probePort and metricsPort are both {self.probe_port}")
+        if self.placement.mode == "scheduler" and self.extender_port is None:
+            raise ValueError(
+                "placement.mode: scheduler needs extenderPort: the scheduler binds through it"
+            )
         return self
 
 

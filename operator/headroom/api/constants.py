@@ -36,6 +36,9 @@ GPUS_ANNOTATION = f"{GROUP}/gpus"
 RESERVATION_ANNOTATION = f"{GROUP}/reservation"
 #: The GPU devices a gated pod's VRAM was admitted on (comma-separated ids), set with it.
 DEVICES_ANNOTATION = f"{GROUP}/devices"
+#: Written on a pod whose admission for kube-scheduler's choice waited too long for its
+#: Binding, before its reservation is released: the write makes a late Binding fail.
+FENCE_ANNOTATION = f"{GROUP}/bind-fence"
 #: The scheduling gate a claiming pod is created behind, removed when it is admitted.
 SCHEDULING_GATE = f"{GROUP}/admission"
 #: Per-node overrides of the limits, as Node annotations.

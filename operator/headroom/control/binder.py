@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -78,6 +79,7 @@ class BindGates(Protocol):
     """What the binder needs of :class:`headroom.control.gates.Gates`, which makes and
     follows pods' reservations for both placements."""
 
+    def bind_lock(self, key: PodKey) -> AbstractAsyncContextManager[None]: ...
     def reservation_of(self, key: PodKey) -> Known | None: ...
     def record_of(self, key: PodKey, pod_uid: str) -> Record | None: ...
     def holds(self, uid: str) -> bool: ...
@@ -95,15 +97,13 @@ class Binder:
 
     def __init__(self, gates: BindGates, clock: Clock, *, deadline: float = BIND_DEADLINE):
         self._gates, self._clock, self._deadline = gates, clock, deadline
-        self._locks: dict[PodKey, asyncio.Lock] = {}
 
     async def bind(self, call: BindCall) -> str:
         """Admit and bind; the empty string on success, else the error for the scheduler."""
         key = (call.namespace, call.name)
-        lock = self._locks.setdefault(key, asyncio.Lock())
         try:
-            async with lock:
-                await asyncio.wait_for(self._bind(key, call), self._deadline)
+            async with asyncio.timeout(self._deadline), self._gates.bind_lock(key):
+                await self._bind(key, call)
             return ""
         except BindError as error:
             return str(error)
@@ -113,9 +113,6 @@ class Binder:
             return "this replica no longer leads; the next leader decides"
         except (ApiError, ApiUnavailableError) as error:
             return f"pod {call.namespace}/{call.name}: {error}"
-        finally:
-            if not lock.locked() and self._locks.get(key) is lock:
-                del self._locks[key]
 
     async def _bind(self, key: PodKey, call: BindCall) -> None:
         pod = await self._pod(key, call.uid)

@@ -222,6 +222,7 @@ class Controller:
             may_act=may_act,
             rng=self.rng,
             telemetry=self.telemetry,
+            bind_grace=config.placement.bind_grace.total_seconds(),
         )
         self.reconciler = Reconciler(
             state,

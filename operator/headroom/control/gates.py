@@ -70,12 +70,14 @@ from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
 from headroom.api.reasons import Reason
 from headroom.control.placement import choose_node
 from headroom.control.podactions import (
+    BIND_GRACE,
     CALLS,
     BackOff,
     ClaimPod,
     Condition,
     Create,
     Expire,
+    Fence,
     Known,
     Later,
     LetGo,
@@ -123,7 +125,11 @@ class Gates(PodCalls):
         may_act: Callable[[], bool],
         rng: random.Random,
         telemetry: Telemetry | None = None,
+        bind_grace: float = BIND_GRACE,
     ) -> None:
+        """``bind_grace``: seconds an admission for kube-scheduler's choice waits for its
+        Binding before it is fenced and released."""
+        self._bind_grace = bind_grace
         super().__init__(
             state,
             transport,
@@ -254,7 +260,8 @@ class Gates(PodCalls):
             return
         known = self._reservations.get(key)
         record = self._record(known, seen)
-        action = decide(seen, known, record, self._state.node_facts, self._clock.monotonic())
+        facts, now = self._state.node_facts, self._clock.monotonic()
+        action = decide(seen, known, record, facts, now, bind_grace=self._bind_grace)
         try:
             await self._do(key, seen, action)
         except DeposedError:
@@ -284,6 +291,8 @@ class Gates(PodCalls):
                 await self._create(key, seen, claim, node=node)
             case Ungate(record):
                 await self._ungate(key, seen, record)
+            case Fence(record):
+                await self._fence(key, seen, record)
             case Expire(say):
                 seen.expired = True
                 self._say(seen, say.reason, say.message, say.kind)

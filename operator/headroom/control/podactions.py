@@ -120,6 +120,14 @@ class Ungate:
 
 
 @dataclass(frozen=True, slots=True)
+class Fence:
+    """Admitted for kube-scheduler's choice and not bound in time: fence the pod (one write
+    that makes a Binding on its way fail), then, unless that shows it bound, release."""
+
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
 class Expire:
     """Remember that the pod's lifetime ran out (it gets no other reservation), and say so."""
 
@@ -145,9 +153,11 @@ class Later:
 
 PodAction = (
     Nothing | Say | Condition | Reclaim | Replace | LetGo | Create | Ungate | Expire | BackOff
-) | Later
+) | (Later | Fence)
 #: Actions that call the API; one that succeeds ends the pod's failure backoff.
-CALLS = (Replace, LetGo, Create, Ungate)
+CALLS = (Replace, LetGo, Create, Ungate, Fence)
+#: How long a reservation admitted for kube-scheduler's choice waits for its Binding.
+BIND_GRACE = 60.0
 
 
 # -- the decision --------------------------------------------------------------------------------
@@ -159,10 +169,14 @@ def decide(
     record: Record | None,
     node_facts: Mapping[str, NodeFacts],
     now: float,
+    *,
+    bind_grace: float = BIND_GRACE,
 ) -> PodAction:
     """The next thing pod ``seen`` needs, given its reservation ``known`` (if any), that
     reservation's ``record`` (None unless it was made for this incarnation), the facts
-    of the nodes, and ``now`` (monotonic, as ``seen.retry_after``)."""
+    of the nodes, and ``now`` (monotonic, as ``seen.retry_after`` and
+    ``record.changed_at``); ``bind_grace``: seconds an admission for kube-scheduler's
+    choice waits for its Binding."""
     pod = seen.obj
     name = str((pod.get("metadata") or {}).get("name", ""))
     if is_finished(pod):
@@ -198,6 +212,11 @@ def decide(
         )
     if known is None and not _ran_out(seen) and (node := bound_node(pod)) is not None:
         return Create(claim, node)  # the webhook missed it
+    if record is not None and record.confirmed and record.held and _awaits_binding(pod):
+        left = record.changed_at + bind_grace - now
+        if left <= 0:
+            return Fence(record)
+        return Later(left, Say("Admitted", admitted_message(pod, record)))
     if record is not None and record.confirmed and record.held:
         if record.decision.reason == Reason.OVER_COMMITTED:
             return Say("OverCommitted", record.decision.message, "Warning")
@@ -287,6 +306,14 @@ def _refused(seen: ClaimPod, claim: PodClaim, record: Record, now: float) -> Pod
 
 def _expired(record: Record) -> bool:
     return record.decision.phase == Phase.RECLAIMED and record.decision.reason == Reason.EXPIRED
+
+
+def _awaits_binding(pod: JSON) -> bool:
+    """Admitted at kube-scheduler's bind, not bound (yet): neither bound nor pinned (the
+    gate path's pin names the reservation; the scheduler path's Binding does, with the
+    node, in one write)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return bound_node(pod) is None and RESERVATION_ANNOTATION not in annotations
 
 
 def _ran_out(seen: ClaimPod) -> bool:

@@ -13,9 +13,10 @@ never holds up another's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal
 
 from headroom.api.constants import CLAIM_LABEL, SCHEDULING_GATE
@@ -32,11 +33,13 @@ from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.kube.workqueue import WorkQueue
 from headroom.objects.podreservations import (
+    fence_patch,
     gate_removal_patch,
     pod_condition,
 )
 from headroom.objects.pods import (
     CONDITION,
+    bound_node,
     condition_patch,
     is_gated,
     ungate_patch,
@@ -83,6 +86,7 @@ class PodCalls:
         # Binds in flight (:mod:`headroom.control.binder`) wait on these, not on a timer.
         self._changes: dict[PodKey, asyncio.Event] = {}  # the pod or its reservation changed
         self._releases: dict[str, asyncio.Event] = {}  # reservation uid -> the ledger let it go
+        self._binds: dict[PodKey, asyncio.Lock] = {}  # one bind or fence of a pod at a time
 
     def poke(self, key: PodKey) -> None:
         """Look at the pod again: its key goes on the work queue."""
@@ -98,6 +102,22 @@ class PodCalls:
             released.set()
 
     # -- what a bind reads and does (the binder's ``BindGates``) ---------------------------------
+
+    @contextlib.asynccontextmanager
+    async def bind_lock(self, key: PodKey) -> AsyncIterator[None]:
+        """Held while the pod is bound or fenced: never both, never two binds at once."""
+        lock = self._binds.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._binds.get(key) is lock:
+                del self._binds[key]
+
+    def binding(self, key: PodKey) -> bool:
+        """Whether a bind of the pod is in flight."""
+        lock = self._binds.get(key)
+        return lock is not None and lock.locked()
 
     def reservation_of(self, key: PodKey) -> Known | None:
         return self._reservations.get(key)
@@ -231,6 +251,34 @@ class PodCalls:
         if seen.gated_at is not None:
             self._telemetry.ungated(self._clock.monotonic() - seen.gated_at)
         self._say(seen, "Admitted", admitted_message(pod, record))
+
+    async def _fence(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
+        """Admitted for kube-scheduler's choice, and no Binding came in time: one write on
+        the pod first (its resourceVersion moves, so a Binding still on its way, from this
+        leader or an earlier one, is refused), then, unless the pod is bound after all,
+        its reservation goes. The scheduler's next try decides again."""
+        if self.binding(key):
+            self._queue.add_after(key, 1.0)  # a bind runs: it ends in time or fails
+            return
+        async with self.bind_lock(key):
+            fence = fence_patch(seen.obj, record.uid)
+            try:
+                pod = await self._call(lambda: self._transport.json_patch(pod_path(*key), fence))
+            except ApiError as error:
+                if error.not_found:
+                    return  # gone: its owner label releases the reservation
+                raise
+            seen.obj = pod
+            if bound_node(pod) is not None:
+                return  # bound after all: it keeps what it was admitted
+            self._say(
+                seen,
+                "BindTimeout",
+                f"admitted on node {record.node} but not bound there by the scheduler in "
+                "time; its reservation is released, and the scheduler's next try decides again",
+                "Warning",
+            )
+            await self._replace(key, record.uid)
 
     async def _fresh(self, key: PodKey) -> JSON | None:
         try:

@@ -30,6 +30,8 @@ from headroom.api.constants import CLAIM_LABEL, NODE_ANNOTATION, OWNER_LABEL, SC
 from headroom.api.parse import InvalidValueError, shown
 
 REVIEW_API_VERSION = "admission.k8s.io/v1"
+#: What the API server puts in a pod's spec.schedulerName when it names none.
+DEFAULT_SCHEDULER = "default-scheduler"
 #: The status code of a refusal: the object is invalid, as a schema violation is.
 INVALID = 422
 
@@ -48,8 +50,14 @@ class ReviewError(ValueError):
     """A request body that is not an AdmissionReview this webhook can answer (HTTP 400)."""
 
 
-def gate_pod(pod: Any) -> Verdict:
-    """What to do with a pod being created: gate it, refuse it, or leave it alone."""
+def gate_pod(pod: Any, *, scheduler: str | None = None) -> Verdict:
+    """What to do with a pod being created: gate it, refuse it, or leave it alone.
+
+    ``scheduler``: placement by kube-scheduler (``placement.mode: scheduler``): a pod
+    left to the default scheduler is given this ``schedulerName`` instead of the gate,
+    so the scheduler whose extender is Headroom binds it where its claim is admitted.
+    One that names another scheduler is gated as in the gate mode: that scheduler
+    knows nothing of the ledger."""
     if not isinstance(pod, dict):
         return Verdict(False, f"the object is not a Pod: {shown(pod)}", INVALID)
     if not is_claim_pod(pod):
@@ -64,14 +72,29 @@ def gate_pod(pod: Any) -> Verdict:
         return Verdict(False, f"spec: not a map: {shown(spec)}", INVALID)
     node_name = spec.get("nodeName")
     if node_name:
+        held = (
+            f"bound by the scheduler {scheduler}, through Headroom,"
+            if scheduler is not None
+            else f"created behind the scheduling gate {SCHEDULING_GATE}"
+        )
         return Verdict(
             False,
-            f'spec.nodeName: a pod labelled {CLAIM_LABEL}: "true" is created behind the '
-            f"scheduling gate {SCHEDULING_GATE} and may not set spec.nodeName "
-            f"(got {shown(node_name)}); name its node in the annotation {NODE_ANNOTATION}",
+            f'spec.nodeName: a pod labelled {CLAIM_LABEL}: "true" is {held} and may not set '
+            f"spec.nodeName (got {shown(node_name)}); name its node in the annotation "
+            f"{NODE_ANNOTATION}",
             INVALID,
         )
+    name = spec.get("schedulerName")
+    if scheduler is not None and name in (None, "", DEFAULT_SCHEDULER, scheduler):
+        return Verdict(True, patch=_scheduler_patch(spec, scheduler) + _owner_patch(pod))
     return Verdict(True, patch=_gate_patch(spec) + _owner_patch(pod))
+
+
+def _scheduler_patch(spec: dict[str, Any], scheduler: str) -> list[dict[str, Any]]:
+    if spec.get("schedulerName") == scheduler:
+        return []
+    op = "replace" if "schedulerName" in spec else "add"
+    return [{"op": op, "path": "/spec/schedulerName", "value": scheduler}]
 
 
 def _gate_patch(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -95,8 +118,9 @@ def _owner_patch(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"op": "add", "path": path, "value": "true"}]
 
 
-def review_response(review: Any) -> dict[str, Any]:
-    """The AdmissionReview that answers ``review``; ReviewError if it is not one."""
+def review_response(review: Any, *, scheduler: str | None = None) -> dict[str, Any]:
+    """The AdmissionReview that answers ``review``; ReviewError if it is not one.
+    ``scheduler``: as for :func:`gate_pod`."""
     if not isinstance(review, dict):
         raise ReviewError(f"expected an AdmissionReview object, got {type(review).__name__}")
     if review.get("apiVersion") != REVIEW_API_VERSION or review.get("kind") != "AdmissionReview":
@@ -115,7 +139,7 @@ def review_response(review: Any) -> dict[str, Any]:
     if request.get("operation") != "CREATE" or not is_pod:
         verdict = Verdict(True)  # only Pod CREATE is registered; anything else passes
     else:
-        verdict = gate_pod(request.get("object"))
+        verdict = gate_pod(request.get("object"), scheduler=scheduler)
     return {
         "apiVersion": REVIEW_API_VERSION,
         "kind": "AdmissionReview",

@@ -57,8 +57,13 @@ class WebhookServer:
         host: str,
         port: int,
         on_review: Callable[[str, float], None] = lambda result, seconds: None,
+        *,
+        scheduler: str | None = None,
     ) -> None:
+        """``scheduler``: the schedulerName opted-in pods get instead of the gate (placement
+        by kube-scheduler); None: they are gated."""
         self._host, self.port = host, port
+        self._scheduler = scheduler
         self._on_review = on_review
         self._runner: web.AppRunner | None = None
         self._tls = SwappableContext()
@@ -109,9 +114,9 @@ class WebhookServer:
         started = time.perf_counter()
         try:
             if len(body) > _LARGE_BODY:
-                answer = await asyncio.to_thread(_answer, body)
+                answer = await asyncio.to_thread(_answer, body, self._scheduler)
             else:
-                answer = _answer(body)
+                answer = _answer(body, self._scheduler)
         except (ValueError, RecursionError) as error:  # ReviewError is a ValueError
             self._on_review("error", time.perf_counter() - started)
             response = web.Response(status=400, text=f"not an AdmissionReview: {error}"[:1000])
@@ -131,9 +136,9 @@ def result_of(answer: dict[str, Any]) -> str:
     return "patched" if response.get("patch") else "allowed"
 
 
-def _answer(body: bytes) -> dict[str, Any]:
+def _answer(body: bytes, scheduler: str | None) -> dict[str, Any]:
     try:
         review = json.loads(body)
     except ValueError as error:
         raise ReviewError(f"body is not JSON: {error}") from None
-    return review_response(review)
+    return review_response(review, scheduler=scheduler)
