@@ -26,6 +26,7 @@ from headroom_dev.process import free_port
 from headroom_dev.scheduler import SCHEDULER_NAME, HeadroomScheduler
 from tests.integration.polling import eventually
 from tests.integration.test_pod_gates import untaint
+from tests.integration.test_webhook import Gate
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +199,55 @@ def test_two_schedulers_binding_the_same_pods_make_one_reservation_each_and_neve
             "headroom.dev", "v1alpha1", "nodeheadrooms", node
         )
         assert mib <= summary["status"]["limitRAMMB"], (node, mib, summary["status"])
+
+
+def test_with_placement_by_the_scheduler_the_webhook_hands_opted_in_pods_to_it(
+    api: client.ApiClient,
+    controllers_plane: ControlPlane,
+    pool: tuple[str, str, dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """``placement.mode: scheduler``: a pod that names no scheduler is given ``headroom``
+    by the webhook, not the gate, and is bound where its claim is admitted."""
+    core = client.CoreV1Api(api)
+    namespace, label, nodes = pool
+    excluded = f"ext-excluded-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": excluded}})
+    gate = Gate(client.AdmissionregistrationV1Api(api), namespace, excluded)
+    gate.register()
+    port = free_port()
+    config = {
+        **gate.config(),
+        "placement": {"mode": "scheduler"},
+        "extenderPort": port,
+        "extenderHost": "127.0.0.1",
+    }
+    operator = OperatorProcess(controllers_plane.kubeconfig, tmp_path, config).start()
+    scheduler = None
+    try:
+        operator.wait_ready(body="ok")
+        scheduler = HeadroomScheduler(controllers_plane, f"http://127.0.0.1:{port}").start()
+        body = claim_pod("via-webhook", label, "4Gi", cpu="2")
+        del body["spec"]["schedulerName"]
+
+        def created() -> None:  # once the API server trusts the published caBundle
+            core.create_namespaced_pod(namespace, body)
+
+        eventually(created, timeout=30)
+        pod = core.read_namespaced_pod("via-webhook", namespace)
+        assert pod.spec.scheduler_name == SCHEDULER_NAME
+        assert not pod.spec.scheduling_gates
+        assert (
+            eventually(lambda: bound_to(core, namespace, "via-webhook"), timeout=30)
+            == (
+                nodes["cpu"]  # roomy has the most RAM, but not the 2 CPUs
+            )
+        )
+        assert assert_bound_on_its_admission(api, namespace, "via-webhook") == nodes["cpu"]
+    finally:
+        # Removed first: a Fail-policy webhook left behind would refuse later tests' pods.
+        client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration(gate.name)
+        if scheduler is not None:
+            scheduler.stop()
+        operator.stop()
+        core.delete_namespace(excluded)
