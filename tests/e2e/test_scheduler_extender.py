@@ -10,6 +10,7 @@ still hold. What is checked is what the API holds, not what the operator says.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
@@ -251,3 +253,35 @@ def test_with_placement_by_the_scheduler_the_webhook_hands_opted_in_pods_to_it(
             scheduler.stop()
         operator.stop()
         core.delete_namespace(excluded)
+
+
+def test_a_pod_waiting_for_ledger_room_is_bound_soon_after_room_comes_back(
+    api: client.ApiClient, extender: Extender, pool: tuple[str, str, dict[str, str]]
+) -> None:
+    """No cluster event tells kube-scheduler that the ledger has room again (it would try
+    the pod again after five minutes); the operator nudges the pod, so it binds at once."""
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    namespace, label, nodes = pool
+    # small (8 GiB, limit 7 GiB) is the only node the pod may use; a reservation fills it.
+    rsv.create(custom, namespace, "filler", nodes["small"], 7 * 1024)
+    body = claim_pod("patient", label, "4Gi")
+    body["metadata"]["annotations"]["headroom.dev/node"] = nodes["small"]
+    core.create_namespaced_pod(namespace, body)
+
+    def unschedulable() -> None:
+        pod = core.read_namespaced_pod("patient", namespace)
+        found = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+        assert found, "not tried yet"
+        assert found[0].reason == "Unschedulable", found[0]
+        assert "headroom: InsufficientRAM" in found[0].message
+
+    eventually(unschedulable, timeout=30)
+    time.sleep(2)  # past the scheduler's first, immediate retry
+    rsv.delete(custom, namespace, "filler")
+    released = time.monotonic()
+    assert eventually(lambda: bound_to(core, namespace, "patient"), timeout=30) == nodes["small"]
+    assert time.monotonic() - released < 10  # not the scheduler's five-minute flush
+    assert assert_bound_on_its_admission(api, namespace, "patient") == nodes["small"]
+    nudged = core.read_namespaced_pod("patient", namespace).metadata.annotations
+    assert "headroom.dev/room" in nudged

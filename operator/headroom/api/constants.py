@@ -39,6 +39,9 @@ DEVICES_ANNOTATION = f"{GROUP}/devices"
 #: Written on a pod whose admission for kube-scheduler's choice waited too long for its
 #: Binding, before its reservation is released: the write makes a late Binding fail.
 FENCE_ANNOTATION = f"{GROUP}/bind-fence"
+#: Written on a pod kube-scheduler left unschedulable for want of ledger room, when room
+#: comes back: the update makes the scheduler try it again at once.
+ROOM_ANNOTATION = f"{GROUP}/room"
 #: The scheduling gate a claiming pod is created behind, removed when it is admitted.
 SCHEDULING_GATE = f"{GROUP}/admission"
 #: Per-node overrides of the limits, as Node annotations.

@@ -118,10 +118,14 @@ class Admission:
         strict: bool = False,
         telemetry: Telemetry | None = None,
         namespace_ready: Callable[[str], bool] = lambda namespace: True,
+        room_on: Callable[[set[str]], None] = lambda nodes: None,
     ) -> None:
-        """``namespace_ready(namespace)``: whether the namespace's quotas are known."""
+        """``namespace_ready(namespace)``: whether the namespace's quotas are known.
+        ``room_on(nodes)``: told whenever room may have come back on those nodes (the pods
+        kube-scheduler left waiting for it are nudged)."""
         self._state, self._writer, self._lookups, self._clock = state, writer, lookups, clock
         self._namespace_ready = namespace_ready
+        self._room_on = room_on
         self._own = OwnClaims(state, lookups, clock)
         self._may_act, self._strict = may_act, strict
         self._telemetry = telemetry or NoTelemetry()
@@ -301,6 +305,7 @@ class Admission:
                 state.room_nodes.add(record.node)  # strict FIFO: the next one may go now
                 self._decide_again(record, Phase.REJECTED, verdict.reason, verdict.message)
         nodes, state.room_nodes = state.room_nodes, set()
+        self._room_on(nodes)
         if not nodes or not len(state.ledger.waiting):
             return
         undecided = self._oldest_undecided() if self._strict else {}

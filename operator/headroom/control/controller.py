@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from headroom.api.config import OperatorConfig
 from headroom.api.paths import HEADROOM_QUOTAS, NAMESPACES, NODES, PODS, RESERVATIONS
 from headroom.control.admission import Admission
+from headroom.control.extender import filter_nodes
 from headroom.control.gates import CLAIM_SELECTOR, Gates
 from headroom.control.keys import Adoption, load_key
 from headroom.control.lookups import Lookups
@@ -39,6 +40,7 @@ from headroom.control.quotastatus import QuotaStatuses
 from headroom.control.reclaim import Reclaimer
 from headroom.control.reconcile import Reconciler
 from headroom.control.resourceclaims import ResourceClaims
+from headroom.control.roomwaiters import RoomWaiters
 from headroom.control.slices import Slices
 from headroom.control.state import State
 from headroom.control.summaries import Summaries
@@ -159,6 +161,12 @@ class Controller:
             wake=lambda: self.admission.wake(),
             rng=self.rng,
         )
+        self.room_waiters = RoomWaiters(
+            transport,
+            self.clock,
+            fits=lambda pod, names, now: filter_nodes(state, pod, names, now).nodes,
+            may_act=may_act,
+        )
         self.admission = Admission(
             state,
             self.writer,
@@ -169,6 +177,7 @@ class Controller:
             strict=config.queueing.strategy == "StrictFIFO",
             telemetry=self.telemetry,
             namespace_ready=lambda namespace: self.quotas.namespace_ready(namespace),
+            room_on=self.room_waiters.room_on,
         )
         self.reclaimer = Reclaimer(
             state,
@@ -343,6 +352,7 @@ class Controller:
             self.owners,
             self.nodes,
             self.gates,
+            self.room_waiters,
             self.quotas,
         ):
             await part.stop()

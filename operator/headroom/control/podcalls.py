@@ -19,7 +19,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal
 
-from headroom.api.constants import CLAIM_LABEL, SCHEDULING_GATE
+from headroom.api.constants import CLAIM_LABEL, FENCE_ANNOTATION, SCHEDULING_GATE
 from headroom.api.paths import pod_path, reservation_path
 from headroom.api.reasons import Reason
 from headroom.api.refs import ObjectRef
@@ -33,7 +33,7 @@ from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.kube.workqueue import WorkQueue
 from headroom.objects.podreservations import (
-    fence_patch,
+    annotation_patch,
     gate_removal_patch,
     pod_condition,
 )
@@ -261,7 +261,7 @@ class PodCalls:
             self._queue.add_after(key, 1.0)  # a bind runs: it ends in time or fails
             return
         async with self.bind_lock(key):
-            fence = fence_patch(seen.obj, record.uid)
+            fence = annotation_patch(seen.obj, FENCE_ANNOTATION, record.uid)
             try:
                 pod = await self._call(lambda: self._transport.json_patch(pod_path(*key), fence))
             except ApiError as error:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headroom.api.claims import PodClaim
-from headroom.api.constants import FENCE_ANNOTATION, SCHEDULING_GATE
+from headroom.api.constants import SCHEDULING_GATE
 
 JSON = dict[str, Any]
 
@@ -84,18 +84,17 @@ def gate_removal_patch(pod: JSON) -> list[JSON] | None:
     return None
 
 
-def fence_patch(pod: JSON, reservation_uid: str) -> list[JSON]:
-    """A JSON patch that writes the fence annotation (naming the reservation about to be
-    released) on this incarnation of the pod: its resourceVersion moves, so a Binding
-    made from an earlier read of the pod is refused."""
+def annotation_patch(pod: JSON, name: str, value: str) -> list[JSON]:
+    """A JSON patch that sets annotation ``name`` on this incarnation of the pod (a
+    ``test`` of its uid first); whatever it says, the write moves the pod's
+    resourceVersion, which is what the fence and the nudge are for."""
     meta = pod.get("metadata") or {}
     ops: list[JSON] = [{"op": "test", "path": "/metadata/uid", "value": meta.get("uid")}]
     if meta.get("annotations"):
-        path = "/metadata/annotations/" + FENCE_ANNOTATION.replace("/", "~1")
-        ops.append({"op": "add", "path": path, "value": reservation_uid})
+        path = "/metadata/annotations/" + name.replace("~", "~0").replace("/", "~1")
+        ops.append({"op": "add", "path": path, "value": value})
     else:
-        value = {FENCE_ANNOTATION: reservation_uid}
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": value})
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {name: value}})
     return ops
 
 

@@ -82,6 +82,10 @@ class ExtenderServer:
         own = self._controller.gates.record_of(key, str(meta.get("uid", "")))
         now = self._controller.clock.now()
         found = filter_nodes(self._controller.state, pod, names, now, own=own)
+        if found.nodes:
+            self._controller.room_waiters.forget(key)
+        elif names:  # the ledger refused every node the scheduler could use: it waits
+            self._controller.room_waiters.waits(key, pod, names)
         return web.json_response(
             {"NodeNames": found.nodes, "FailedAndUnresolvableNodes": found.refused, "Error": ""}
         )
@@ -106,6 +110,8 @@ class ExtenderServer:
             return web.json_response({"Error": f"expected ExtenderBindingArgs with {fields}"})
         call = BindCall(body["PodNamespace"], body["PodName"], body["PodUID"], body["Node"])
         error = await self._binder.bind(call)
+        if not error:
+            self._controller.room_waiters.forget((call.namespace, call.name))
         if error:
             log.info("pod %s/%s not bound to %s: %s", call.namespace, call.name, call.node, error)
         return web.json_response({"Error": error})
