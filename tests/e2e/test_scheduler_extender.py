@@ -26,6 +26,7 @@ from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 from headroom_dev.process import free_port
 from headroom_dev.scheduler import SCHEDULER_NAME, HeadroomScheduler
+from headroom_dev.service import LoopbackService
 from tests.integration.polling import eventually
 from tests.integration.test_pod_gates import untaint
 from tests.integration.test_webhook import Gate
@@ -285,3 +286,73 @@ def test_a_pod_waiting_for_ledger_room_is_bound_soon_after_room_comes_back(
     assert assert_bound_on_its_admission(api, namespace, "patient") == nodes["small"]
     nudged = core.read_namespaced_pod("patient", namespace).metadata.annotations
     assert "headroom.dev/room" in nudged
+
+
+def test_the_leader_killed_while_it_binds_leaves_no_pod_bound_without_its_admission(
+    api: client.ApiClient,
+    controllers_plane: ControlPlane,
+    pool: tuple[str, str, dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """Two replicas behind one Service (a loopback stand-in for kube-proxy); the leader is
+    SIGKILLed while it binds a burst. The standby answers 503 until it leads (the
+    scheduler retries), then binds the rest; checked against the API, not the operator."""
+    core = client.CoreV1Api(api)
+    namespace, label, _ = pool
+    election = {
+        "enabled": True,
+        "namespace": namespace,
+        "leaseName": f"lease-{label}",
+        "leaseDuration": "4s",
+        "renewDeadline": "3s",
+        "retryPeriod": "1s",
+    }
+    ports = [free_port(), free_port()]
+    replicas = []
+    for index, port in enumerate(ports):
+        workdir = tmp_path / f"replica-{index}"
+        workdir.mkdir()
+        config = {"leaderElection": election, "extenderPort": port, "extenderHost": "127.0.0.1"}
+        replicas.append(OperatorProcess(controllers_plane.kubeconfig, workdir, config))
+    leader, standby = replicas
+    leader.start(wait_ready=False).wait_ready(body="ok")
+    standby.start(wait_ready=False).wait_ready(body="standby")
+    service = LoopbackService(ports).start()
+    scheduler = HeadroomScheduler(controllers_plane, service.url).start()
+    try:
+        for index in range(30):
+            core.create_namespaced_pod(namespace, claim_pod(f"p{index}", label, "3Gi", "10m"))
+
+        def some_bound() -> None:
+            pods = core.list_namespaced_pod(namespace).items
+            assert sum(1 for p in pods if p.spec.node_name) >= 5
+
+        eventually(some_bound, timeout=60)
+        leader.kill()
+
+        def all_bound() -> list[str]:
+            pods = core.list_namespaced_pod(namespace).items
+            unbound = [p.metadata.name for p in pods if not p.spec.node_name]
+            assert not unbound, unbound
+            return [p.metadata.name for p in pods]
+
+        names = eventually(all_bound, timeout=120)
+    finally:
+        scheduler.stop()
+        service.stop()
+        for replica in replicas:
+            replica.stop()
+    assert len(names) == 30
+    used: dict[str, int] = {}
+    for name in names:
+        node = assert_bound_on_its_admission(api, namespace, name)
+        used[node] = used.get(node, 0) + 3 * 1024
+    reservations = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "headroom.dev", "v1alpha1", namespace, "reservations"
+    )["items"]
+    assert sorted(r["metadata"]["name"] for r in reservations) == sorted(names)
+    for node, mib in used.items():
+        summary: dict[str, Any] = client.CustomObjectsApi(api).get_cluster_custom_object(
+            "headroom.dev", "v1alpha1", "nodeheadrooms", node
+        )
+        assert mib <= summary["status"]["limitRAMMB"], (node, mib, summary["status"])

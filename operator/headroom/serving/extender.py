@@ -7,7 +7,10 @@ sends node names, not Node objects.
 
 Only a leader whose ledger is rebuilt answers; any other replica answers 503, which
 kube-scheduler treats as an error and retries with backoff: the pod is never bound
-on an answer that did not come from the ledger. aiohttp sets ``TCP_NODELAY`` on its
+on an answer that did not come from the ledger. The 503 closes its connection, so the
+retry opens a new one, which the Service may send to another replica (kube-proxy
+keeps a connection on the endpoint it chose): a scheduler never stays stuck on a
+standby. aiohttp sets ``TCP_NODELAY`` on its
 connections: without it every answer waits for the scheduler's delayed ACK (95 ms
 instead of 10 ms per pod in the design's spike).
 """
@@ -70,9 +73,16 @@ class ExtenderServer:
             return None
         return body["Pod"], names
 
+    def _not_deciding(self) -> web.Response | None:
+        if self._deciding():
+            return None
+        answer = web.Response(status=503, text="not the leader, or its ledger is rebuilding")
+        answer.force_close()
+        return answer
+
     async def _filter(self, request: web.Request) -> web.Response:
-        if not self._deciding():
-            return web.Response(status=503, text="not the leader, or its ledger is rebuilding")
+        if (refused := self._not_deciding()) is not None:
+            return refused
         args = await self._args(request)
         if args is None:
             return web.json_response({"Error": "expected ExtenderArgs with Pod and NodeNames"})
@@ -91,8 +101,8 @@ class ExtenderServer:
         )
 
     async def _prioritize(self, request: web.Request) -> web.Response:
-        if not self._deciding():
-            return web.Response(status=503, text="not the leader, or its ledger is rebuilding")
+        if (refused := self._not_deciding()) is not None:
+            return refused
         args = await self._args(request)
         if args is None:
             return web.json_response([])
@@ -102,8 +112,8 @@ class ExtenderServer:
         return web.json_response([{"Host": n, "Score": s} for n, s in scores.items()])
 
     async def _bind(self, request: web.Request) -> web.Response:
-        if not self._deciding():
-            return web.Response(status=503, text="not the leader, or its ledger is rebuilding")
+        if (refused := self._not_deciding()) is not None:
+            return refused
         body = await request.json()
         fields = ("PodNamespace", "PodName", "PodUID", "Node")
         if not isinstance(body, dict) or not all(isinstance(body.get(f), str) for f in fields):
