@@ -356,3 +356,53 @@ def test_the_leader_killed_while_it_binds_leaves_no_pod_bound_without_its_admiss
             "headroom.dev", "v1alpha1", "nodeheadrooms", node
         )
         assert mib <= summary["status"]["limitRAMMB"], (node, mib, summary["status"])
+
+
+def test_pod_anti_affinity_and_topology_spread_hold_for_claim_pods(
+    api: client.ApiClient, extender: Extender, pool: tuple[str, str, dict[str, str]]
+) -> None:
+    """The node policy (spread: most RAM left) would put every pod on roomy; the pods'
+    own anti-affinity and spread constraints, kube-scheduler's to enforce, win."""
+    core = client.CoreV1Api(api)
+    namespace, label, nodes = pool
+    for node in nodes.values():
+        core.patch_node(node, {"metadata": {"labels": {"kubernetes.io/hostname": node}}})
+    apart = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"group": "apart"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    for index in range(3):
+        body = claim_pod(f"apart-{index}", label, "1Gi", "10m")
+        body["metadata"]["labels"]["group"] = "apart"
+        body["spec"]["affinity"] = apart
+        core.create_namespaced_pod(namespace, body)
+    spread = {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"group": "spread"}},
+    }
+    for index in range(6):
+        body = claim_pod(f"spread-{index}", label, "1Gi", "10m")
+        body["metadata"]["labels"]["group"] = "spread"
+        body["spec"]["topologySpreadConstraints"] = [spread]
+        core.create_namespaced_pod(namespace, body)
+
+    def placed(group: str, count: int) -> list[str]:
+        found = [f"{group}-{index}" for index in range(count)]
+        return [bound_to(core, namespace, name) for name in found]
+
+    apart_nodes = eventually(lambda: placed("apart", 3), timeout=60)
+    assert sorted(apart_nodes) == sorted(nodes.values())
+    spread_nodes = eventually(lambda: placed("spread", 6), timeout=60)
+    assert {node: spread_nodes.count(node) for node in nodes.values()} == {
+        node: 2 for node in nodes.values()
+    }
+    for name in [f"apart-{i}" for i in range(3)] + [f"spread-{i}" for i in range(6)]:
+        assert_bound_on_its_admission(api, namespace, name)
