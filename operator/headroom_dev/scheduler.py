@@ -9,7 +9,7 @@ scheduling every other pod), with the identity ``system:kube-scheduler``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -24,9 +24,22 @@ SCHEDULER_NAME = "headroom"
 
 
 class HeadroomScheduler:
-    def __init__(self, plane: ControlPlane, extender_url: str, *, name: str = NAME) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        extender_url: str | None,
+        *,
+        name: str = NAME,
+        scheduler_name: str = SCHEDULER_NAME,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         """``name``: of its files and certificate; a second one beside the first is
-        another name (both unelected: each schedules every ``headroom`` pod)."""
+        another name (both unelected: each schedules every ``headroom`` pod).
+        ``extender_url`` None: the same scheduler without the extender (a benchmark's
+        baseline), under another ``scheduler_name``. ``config``: a whole
+        KubeSchedulerConfiguration instead (the chart's), run as it is but for what only
+        this machine has: its client connection, no leader election (the harness's
+        identity may hold only the Lease kube-scheduler), and ``extender_url``."""
         self.plane, self.port = plane, free_port()
         work, pki = plane.workdir, plane.pki
         plane.ca.serving(name).write(pki, name)
@@ -38,8 +51,20 @@ class HeadroomScheduler:
             "leaderElection": {"leaderElect": False},
             "podInitialBackoffSeconds": 1,
             "podMaxBackoffSeconds": 5,
-            "profiles": [{"schedulerName": SCHEDULER_NAME, "percentageOfNodesToScore": 100}],
-            "extenders": [
+            "profiles": [{"schedulerName": scheduler_name, "percentageOfNodesToScore": 100}],
+        }
+        if config is not None:
+            self.config = {
+                **config,
+                "clientConnection": self.config["clientConnection"],
+                "leaderElection": self.config["leaderElection"],
+                "extenders": [
+                    {**extender, "urlPrefix": extender_url}
+                    for extender in config.get("extenders") or []
+                ],
+            }
+        elif extender_url is not None:
+            self.config["extenders"] = [
                 {
                     "urlPrefix": extender_url,
                     "filterVerb": "filter",
@@ -49,14 +74,13 @@ class HeadroomScheduler:
                     "nodeCacheCapable": True,
                     "httpTimeout": "5s",
                 }
-            ],
-        }
-        config = work / f"{name}.yaml"
-        config.write_text(yaml.safe_dump(self.config))
+            ]
+        config_file = work / f"{name}.yaml"
+        config_file.write_text(yaml.safe_dump(self.config))
         self.child = Child(name, [], work / f"{name}.log")
         self._argv = [
             "--config",
-            str(config),
+            str(config_file),
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
             f"--client-ca-file={pki / 'ca.crt'}",

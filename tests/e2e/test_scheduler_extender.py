@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from headroom_dev import reservations as rsv
@@ -28,6 +29,7 @@ from headroom_dev.process import free_port
 from headroom_dev.scheduler import SCHEDULER_NAME, HeadroomScheduler
 from headroom_dev.service import LoopbackService
 from tests.integration.polling import eventually
+from tests.integration.test_chart import render
 from tests.integration.test_pod_gates import untaint
 from tests.integration.test_webhook import Gate
 
@@ -406,3 +408,43 @@ def test_pod_anti_affinity_and_topology_spread_hold_for_claim_pods(
     }
     for name in [f"apart-{i}" for i in range(3)] + [f"spread-{i}" for i in range(6)]:
         assert_bound_on_its_admission(api, namespace, name)
+
+
+def test_the_charts_scheduler_configuration_binds_through_the_charts_operator_config(
+    api: client.ApiClient,
+    controllers_plane: ControlPlane,
+    pool: tuple[str, str, dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """What ``scheduler.enabled`` renders, run: the operator with the chart's config (its
+    placement and extender port; this machine's ports and no webhook), kube-scheduler with
+    the chart's KubeSchedulerConfiguration (its URL a loopback one, no leader election)."""
+    core = client.CoreV1Api(api)
+    namespace, label, nodes = pool
+    docs = render('scheduler={"enabled": true}')
+    configs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    operator_config = yaml.safe_load(configs["headroom-config"]["data"]["config.yaml"])
+    scheduler_config = yaml.safe_load(configs["headroom-scheduler"]["data"]["config.yaml"])
+    port = free_port()
+    local = {
+        "placement": operator_config["placement"],
+        "extenderPort": port,
+        "extenderHost": "127.0.0.1",
+    }
+    operator = OperatorProcess(controllers_plane.kubeconfig, tmp_path, local).start()
+    scheduler = None
+    try:
+        operator.wait_ready(body="ok")
+        scheduler = HeadroomScheduler(
+            controllers_plane,
+            f"http://127.0.0.1:{port}",
+            name="chart-scheduler",
+            config=scheduler_config,
+        ).start()
+        core.create_namespaced_pod(namespace, claim_pod("charted", label, "4Gi", cpu="2"))
+        assert eventually(lambda: bound_to(core, namespace, "charted"), timeout=30) == nodes["cpu"]
+        assert assert_bound_on_its_admission(api, namespace, "charted") == nodes["cpu"]
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+        operator.stop()

@@ -61,3 +61,21 @@ operator creates it, labelled as the release). */}}
   namespace: {{ .namespace | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* The second kube-scheduler's labels (scheduler.enabled): another name, so that no
+selector of the operator's pods matches its pods. */}}
+{{- define "headroom.schedulerSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "headroom.name" . }}-scheduler
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "headroom.schedulerLabels" -}}
+{{ include "headroom.schedulerSelectorLabels" . }}
+app.kubernetes.io/component: scheduler
+app.kubernetes.io/version: {{ .Values.scheduler.image.tag | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,219 @@
+"""B12: claim pods placed by kube-scheduler through the extender, against the stock
+scheduler alone and against the gate path, on the local control plane.
+
+Nodes are Node objects without kubelets (``pods: 1000``, many CPUs), so what is timed is
+scheduling, admission and binding, not containers starting. Two kube-schedulers run
+beside the control plane's own, built from the same source, configured alike (one
+profile, ``percentageOfNodesToScore: 100``, the same backoffs): ``stock-bench`` without
+an extender, and ``headroom`` whose extender is the operator (filter, prioritize,
+bind). At 100 and 1,000 nodes, three placements in turn, alternated per round:
+
+- **stock**: plain pods for ``stock-bench``: create → bound;
+- **extender**: claim pods for ``headroom``: create → bound (the reservation admitted
+  and written before the Binding);
+- **gate**: claim pods created behind the gate (as the webhook leaves them): the
+  operator places, reserves, pins and ungates; the control plane's scheduler binds.
+
+Each placement: ``paced`` pods at 20/s (create → bound p50/p99), then a ``burst``
+created 16 at a time (pods bound per second, first create to last bound). Targets from
+issue 30: extender ≥ 0.8 × stock pods/s, and ≤ +50 ms at p50.
+
+    python bench/scheduler.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster import ROOT, Bench, bounded, persist, say
+from gates import Timeline, ns_path_pods, percentiles, until, watch_pods
+from report import write_json
+
+from headroom.kube.client import KubeClient
+from headroom_dev.apply import install_crds
+from headroom_dev.controlplane import ControlPlane, free_port
+from headroom_dev.interrupts import stop_cleanly
+from headroom_dev.nodes import create_node
+from headroom_dev.scheduler import HeadroomScheduler
+
+JSON = dict[str, Any]
+GATE = "headroom.dev/admission"
+STOCK = "stock-bench"
+RATE = 20.0
+
+
+def pod(name: str, placement: str) -> JSON:
+    metadata: JSON = {"name": name}
+    spec: JSON = {
+        "containers": [
+            {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "10m"}}}
+        ],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if placement == "stock":
+        spec["schedulerName"] = STOCK
+    else:
+        metadata["labels"] = {"headroom.dev/claim": "true", "headroom.dev/owner": "true"}
+        metadata["annotations"] = {"headroom.dev/ram": "1Mi"}
+        if placement == "extender":
+            spec["schedulerName"] = "headroom"
+        else:  # behind the gate, as the webhook leaves it
+            spec["schedulingGates"] = [{"name": GATE}]
+    return {"metadata": metadata, "spec": spec}
+
+
+async def make_nodes(core: Any, count: int, prefix: str) -> list[str]:
+    names = [f"{prefix}-{i:04d}" for i in range(count)]
+
+    def make(name: str) -> None:
+        create_node(core, name, memory="1Ti")
+        big = {"pods": "1000", "cpu": "1000"}
+        core.patch_node_status(name, {"status": {"capacity": big, "allocatable": big}})
+        core.patch_node(name, {"spec": {"taints": []}})
+
+    await bounded([asyncio.to_thread(make, name) for name in names], 8)
+    return names
+
+
+async def placement_run(
+    client: KubeClient, bench: Bench, placement: str, paced: int, burst: int, tag: str
+) -> JSON:
+    namespace = await bench.namespace(client)
+    timeline = Timeline()
+    watcher = asyncio.create_task(watch_pods(client, namespace, timeline))
+    await asyncio.sleep(0.3)
+    try:
+        bodies = [pod(f"{tag}-paced-{i:04d}", placement) for i in range(paced)]
+        start = time.monotonic()
+
+        async def one(index: int, item: JSON) -> None:
+            await asyncio.sleep(max(0.0, start + index / RATE - time.monotonic()))
+            name = item["metadata"]["name"]
+            timeline.created[name] = time.monotonic()
+            await persist(lambda: client.create(ns_path_pods(namespace), item), name, landed=409)
+
+        await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
+        names = [b["metadata"]["name"] for b in bodies]
+        await until(lambda: all(n in timeline.bound for n in names), f"{tag} paced bound", 180)
+        latency = percentiles(timeline.latencies(names, timeline.bound))
+
+        bodies = [pod(f"{tag}-burst-{i:04d}", placement) for i in range(burst)]
+        names = [b["metadata"]["name"] for b in bodies]
+
+        async def create(item: JSON) -> None:
+            timeline.created[item["metadata"]["name"]] = time.monotonic()
+            await persist(lambda: client.create(ns_path_pods(namespace), item), "burst", landed=409)
+
+        began = time.monotonic()
+        await bounded([create(b) for b in bodies], 16)
+        await until(lambda: all(n in timeline.bound for n in names), f"{tag} burst bound", 300)
+        took = max(timeline.bound[n] for n in names) - began
+        return {**latency, "burst_pods_per_s": burst / took}
+    finally:
+        watcher.cancel()
+        await bench.clean(client, namespace)
+        await persist(
+            lambda: client.delete(f"/api/v1/namespaces/{namespace}"), "namespace", landed=404
+        )
+
+
+async def run(args: argparse.Namespace) -> JSON:
+    sizes = (100,) if args.quick else (100, 1000)
+    rounds = 1 if args.quick else 2
+    paced, burst = (40, 60) if args.quick else (100, 200)
+    figures: JSON = {"paced": paced, "burst": burst, "rate_per_s": RATE, "rounds": rounds}
+    workdir = Path(tempfile.mkdtemp(prefix="headroom-b12-"))
+    with ControlPlane(controllers=True) as plane:
+        bench = Bench(plane, workdir, args.quick)
+        install_crds(bench.api, sorted((ROOT / "crds").glob("*.yaml")))
+        core = __import__("kubernetes").client.CoreV1Api(bench.api)
+        client = KubeClient(bench.credentials, connections=64)
+        port = free_port()
+        operator = bench.operator({"extenderPort": port, "extenderHost": "127.0.0.1"}).start()
+        operator.wait_ready(body="ok")
+        url = f"http://127.0.0.1:{port}"
+        schedulers = [
+            HeadroomScheduler(plane, url).start(),
+            HeadroomScheduler(plane, None, name="stock-bench", scheduler_name=STOCK).start(),
+        ]
+        made = 0
+        try:
+            for size in sizes:
+                await make_nodes(core, size - made, f"b12-{size}")
+                made = size
+                await asyncio.sleep(2)  # the operator and schedulers see every node
+                results: dict[str, list[JSON]] = {"stock": [], "extender": [], "gate": []}
+                for round_ in range(rounds):
+                    order = ["stock", "extender", "gate"]
+                    if round_ % 2:
+                        order.reverse()
+                    for placement in order:
+                        tag = f"{placement[0]}{size}r{round_}"
+                        result = await placement_run(client, bench, placement, paced, burst, tag)
+                        say(f"{size} nodes, {placement}: {result}")
+                        results[placement].append(result)
+                figures[f"nodes_{size}"] = summary(results)
+        finally:
+            for scheduler in schedulers:
+                scheduler.stop()
+            operator.stop()
+            await client.close()
+    return figures
+
+
+def summary(results: dict[str, list[JSON]]) -> JSON:
+    """Per placement the median of the rounds; the extender's and the gate's ratios."""
+
+    def median(placement: str, key: str) -> float:
+        values = sorted(r[key] for r in results[placement])
+        return values[len(values) // 2] if len(values) % 2 else sum(values[-2:]) / 2
+
+    out: JSON = {}
+    for placement in results:
+        out[placement] = {
+            key: median(placement, key) for key in ("p50_ms", "p99_ms", "burst_pods_per_s")
+        }
+    stock = out["stock"]
+    for placement in ("extender", "gate"):
+        out[placement]["ratio_to_stock"] = (
+            out[placement]["burst_pods_per_s"] / stock["burst_pods_per_s"]
+        )
+        out[placement]["adds_p50_ms"] = out[placement]["p50_ms"] - stock["p50_ms"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    figures = asyncio.run(run(args))
+    for key, value in figures.items():
+        print(f"{key}: {value}")
+    ok = all(
+        figures[key]["extender"]["ratio_to_stock"] >= 0.8
+        and figures[key]["extender"]["adds_p50_ms"] <= 50
+        for key in figures
+        if key.startswith("nodes_")
+    )
+    verdict = "met" if ok else "NOT met"
+    print(f"B12 targets (extender ≥ 0.8 × stock pods/s, ≤ +50 ms p50): {verdict}")
+    if args.json:
+        write_json(args.json, {"b12": figures, "targets_met": ok})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(
+        stop_cleanly(
+            "bench/scheduler.py",
+            main,
+            "its operator, schedulers, the controllers, kube-apiserver and etcd are stopped",
+        )
+    )
