@@ -305,13 +305,10 @@ ROWS = [
         Nothing(),
     ),
     Row(
-        "admitted at kube-scheduler's bind, not bound yet, within the grace -> says so, looks "
-        "again when the grace runs out",
+        "admitted at kube-scheduler's bind, not bound yet, within the grace -> looks again "
+        "when the grace runs out (its Binding is on its way)",
         pod(gated=False),
-        Later(
-            40.0,
-            Say("Admitted", f"admitted on node {NODE}, to be bound; reservation {NAME}"),
-        ),
+        Later(40.0),
         known(),
         replace(ADMITTED, changed_at=NOW - 20),
     ),

@@ -216,7 +216,9 @@ def decide(
         left = record.changed_at + bind_grace - now
         if left <= 0:
             return Fence(record)
-        return Later(left, Say("Admitted", admitted_message(pod, record)))
+        # Nothing written meanwhile: its Binding comes within milliseconds, and its
+        # condition is written once it is bound (a write per pod fewer in a burst).
+        return Later(left)
     if record is not None and record.confirmed and record.held:
         if record.decision.reason == Reason.OVER_COMMITTED:
             return Say("OverCommitted", record.decision.message, "Warning")
@@ -327,7 +329,5 @@ def admitted_message(pod: JSON, record: Record) -> str:
     devices = record.decision.devices
     on = f"; GPU devices {','.join(sorted(devices))}" if devices else ""
     if RESERVATION_ANNOTATION not in ((pod.get("metadata") or {}).get("annotations") or {}):
-        if bound_node(pod) is None:  # admitted for kube-scheduler's choice; its bind follows
-            return f"admitted on node {record.node}, to be bound; reservation {record.name}{on}"
         return f"recorded on node {record.node}, where it runs; reservation {record.name}{on}"
     return f"pinned to node {record.node}; reservation {record.name}{on}"
