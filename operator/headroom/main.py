@@ -260,7 +260,13 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
             controller,
             config.extender_host,
             config.extender_port,
-            deciding=controller.ready.is_set,
+            # A leader with its ledger rebuilt, still holding the Lease, not stopping: a
+            # draining or deposed one answers 503, so the scheduler asks again elsewhere.
+            deciding=lambda: (
+                controller.ready.is_set()
+                and (elector is None or elector.may_act())
+                and not signals.draining
+            ),
         )
         await extender.start()
         log.info("scheduler extender on http://%s:%d", config.extender_host, extender.port)

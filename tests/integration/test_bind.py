@@ -150,7 +150,7 @@ async def test_an_admission_whose_binding_never_comes_is_fenced_then_released(
     await until(released, 20)  # bindGrace is 2 s
     fenced = await asyncio.to_thread(core.read_namespaced_pod, "lost", namespace)
     annotations = fenced.metadata.annotations
-    assert annotations["headroom.dev/bind-fence"] == held["metadata"]["uid"]
+    assert annotations["headroom.dev/bind-fence"].startswith(held["metadata"]["uid"] + "@")
     assert not fenced.spec.node_name
     events = await asyncio.to_thread(
         core.list_namespaced_event, namespace, field_selector="involvedObject.name=lost"

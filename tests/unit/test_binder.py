@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -19,10 +20,12 @@ from typing import Any
 import pytest
 
 from headroom.api.claims import PodClaim
+from headroom.api.limits import Limits
 from headroom.api.reasons import Phase, Reason
 from headroom.control.binder import BindCall, Binder
 from headroom.control.podactions import Known
-from headroom.control.state import PodKey, Record
+from headroom.control.podcalls import PodCalls
+from headroom.control.state import PodKey, Record, State
 from headroom.kube.transport import JSON, ApiError
 from headroom.objects.podreservations import Booked
 from headroom.objects.status import Decision
@@ -239,3 +242,43 @@ def test_a_pod_that_claims_nothing_is_bound_plainly_and_a_bad_claim_not_at_all(r
     gates.pod["metadata"]["labels"] = {}
     assert bind(gates) == ""
     assert gates.calls == ["get", "binding n1"]
+
+
+def test_the_bind_lock_stays_held_while_a_waiter_takes_it_over() -> None:
+    """Found in review: a lock dropped from the registry when its holder left, while a
+    second bind waited for it, let a fence (or a third bind) take a second lock and run
+    beside that bind. The registry keeps it until no one holds or waits for it."""
+    calls = PodCalls(
+        State(Limits()),
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        Clock(),  # type: ignore[arg-type]
+        reclaim=lambda record, reason, message: None,
+        may_act=lambda: True,
+        rng=random.Random(0),
+    )
+    seen: list[str] = []
+
+    async def bind(name: str, hold: float) -> None:
+        async with calls.bind_lock(KEY):
+            seen.append(f"{name} in")
+            await asyncio.sleep(hold)
+            seen.append(f"{name} binding={calls.binding(KEY)}")
+            seen.append(f"{name} out")
+
+    async def go() -> None:
+        first = asyncio.create_task(bind("b1", 0.01))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(bind("b2", 0.02))
+        await asyncio.sleep(0.015)  # b1 is out, b2 has the lock
+        assert calls.binding(KEY), "a bind runs: a fence must wait"
+        third = asyncio.create_task(bind("b3", 0.0))
+        await asyncio.gather(first, second, third)
+        assert not calls.binding(KEY)
+
+    asyncio.run(go())
+    assert seen == [
+        "b1 in", "b1 binding=True", "b1 out",
+        "b2 in", "b2 binding=True", "b2 out",
+        "b3 in", "b3 binding=True", "b3 out",
+    ]  # fmt: skip

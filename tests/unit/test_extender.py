@@ -3,14 +3,17 @@ own refusal, per node, with its reason), and the node policy's scores."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from headroom.api.limits import Limits
+from headroom.api.reasons import Phase, Reason
 from headroom.api.selectors import LabelSelector
 from headroom.control.extender import MAX_SCORE, filter_nodes, prioritize
-from headroom.control.state import State
+from headroom.control.state import Record, State
 from headroom.ledger.quotas import QuotaRules
-from tests.unit.test_core_admission import T0
+from headroom.objects.status import Decision
+from tests.unit.test_core_admission import T0, entry
 
 GIB = 1024
 
@@ -74,3 +77,49 @@ def test_spread_prefers_the_most_ram_left_and_binpack_the_least() -> None:
         "b": 7,
         "c": MAX_SCORE,
     }
+
+
+def test_a_pod_holding_an_admission_may_still_be_offered_other_nodes() -> None:
+    """Its bind failed after the admission and its node no longer suits the scheduler:
+    the other nodes are judged on their room, not refused as a duplicate of its entry."""
+    state = nodes(a=64, b=64)
+    assert state.ledger.reserve(entry("ml/p", 4 * GIB, node="a"), T0).admitted
+    decision = Decision(Phase.ADMITTED, Reason.FITS, "", T0)
+    own = Record("r1", "ml", "p", "a", decision, confirmed=True)
+    found = filter_nodes(state, pod("4Gi"), ["a", "b"], T0, own=own)
+    assert found.nodes == ["a", "b"], found.refused
+
+
+def test_a_pod_that_claims_nothing_is_the_schedulers_alone() -> None:
+    plain = pod("lots")
+    plain["metadata"]["labels"] = {}
+    assert filter_nodes(nodes(a=8), plain, ["a", "b"], T0).nodes == ["a", "b"]
+
+
+def test_under_strict_fifo_a_node_with_a_reservation_waiting_is_refused_as_the_decider_would() -> (
+    None
+):
+    state = nodes(a=8, b=8)
+    assert state.ledger.reserve(entry("other/full", 7 * GIB, node="a"), T0).admitted
+    earlier = T0 - timedelta(minutes=1)
+    waiting = entry(
+        "other/waits", 4 * GIB, node="a", at=earlier, wait_until=T0 + timedelta(hours=1)
+    )
+    assert state.ledger.reserve_or_wait(waiting, T0, waiting.wait_until, strict=True).queued
+    state.ledger.release("other/full")
+    # Room for 1 GiB again on a, but a 4 GiB reservation waits there first.
+    strict = filter_nodes(state, pod("1Gi"), ["a", "b"], T0, strict=True)
+    assert strict.refused == {"a": "headroom: WaitersAhead"}
+    assert filter_nodes(state, pod("1Gi"), ["a", "b"], T0).nodes == ["a", "b"]
+
+
+def test_a_quota_refusal_makes_the_pod_wait_on_room_anywhere() -> None:
+    state = nodes(g1=64)
+    state.ledger.quotas.set_namespace("ml", {"team": "ml"})
+    state.ledger.quotas.set_quota(
+        QuotaRules("small", LabelSelector(match_labels={"team": "ml"}), ram_mb=1 * GIB)
+    )
+    found = filter_nodes(state, pod("4Gi"), ["g1"], T0)
+    assert found.refused == {"g1": "headroom: QuotaExceeded"}
+    assert found.for_quota
+    assert not filter_nodes(nodes(a=1), pod("4Gi"), ["a"], T0).for_quota

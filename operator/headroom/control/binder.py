@@ -123,7 +123,10 @@ class Binder:
             if bound == call.node and (claim is None or (record is not None and record.held)):
                 return  # an earlier call bound it; its answer was lost
             raise BindError(f"pod {key[0]}/{key[1]} is bound to node {bound} already")
-        if claim is None:  # claims nothing: bound as the DefaultBinder would
+        if claim is None:  # claims nothing (now): bound as the DefaultBinder would
+            known = self._gates.reservation_of(key)
+            if known is not None and known.pod_uid == call.uid:  # booked while it claimed
+                await self._gates.delete_reservation(key, known.uid)
             await self._binding(key, pod, call.node, {})
             return
         record = await self._admitted(key, pod, claim, call)
@@ -136,12 +139,25 @@ class Binder:
             if bound_node(pod) is not None or _claim_of(pod) != claim:
                 raise BindError(f"pod {key[0]}/{key[1]} changed while it was bound; again")
             pod = await self._with_deadline(key, pod, record)
+            if not self._still_admitted(key, call.uid, record):
+                raise BindError(f"the reservation of pod {key[0]}/{key[1]} changed; again")
             try:
                 await self._binding(key, pod, call.node, _told(record))
                 return
             except ApiError as error:
                 if not error.conflict or attempt == _BINDING_ATTEMPTS - 1:
                     raise
+
+    def _still_admitted(self, key: PodKey, uid: str, record: Record) -> bool:
+        """Whether ``record`` is still the pod's reservation's decision, Admitted (read
+        right before the Binding: nothing that awaited since may have replaced it)."""
+        known = self._gates.reservation_of(key)
+        return (
+            known is not None
+            and known.uid == record.uid
+            and self._gates.record_of(key, uid) is record
+            and record.held
+        )
 
     async def _pod(self, key: PodKey, uid: str) -> JSON:
         pod = await self._gates.fresh(key)

@@ -164,7 +164,11 @@ class Controller:
         self.room_waiters = RoomWaiters(
             transport,
             self.clock,
-            fits=lambda pod, names, now: filter_nodes(state, pod, names, now).nodes,
+            fits=lambda pod, names, now: (
+                filter_nodes(
+                    state, pod, names, now, strict=config.queueing.strategy == "StrictFIFO"
+                ).nodes
+            ),
             may_act=may_act,
         )
         self.admission = Admission(

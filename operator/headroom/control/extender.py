@@ -19,11 +19,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from headroom.api.claims import pod_claim
+from headroom.api.claims import is_claim_pod, pod_claim
 from headroom.api.parse import InvalidValueError
 from headroom.control.placement import pod_probe
 from headroom.control.state import Record, State
 from headroom.kube.transport import JSON
+from headroom.ledger.decisions import QUOTA_REASONS
 
 #: kube-scheduler's MaxExtenderPriority (k8s.io/kube-scheduler extender/v1).
 MAX_SCORE = 10
@@ -39,19 +40,40 @@ class Filtered:
     def reasons(self) -> Counter[str]:
         return Counter(self.refused.values())
 
+    @property
+    def for_quota(self) -> bool:
+        """Whether a quota refused the pod somewhere: room its quota gets back may come on
+        any node (a release elsewhere), not only on those refused for their own room."""
+        quota = {f"headroom: {reason}" for reason in QUOTA_REASONS}
+        return any(reason in quota for reason in self.refused.values())
+
 
 def filter_nodes(
-    state: State, pod: JSON, names: list[str], now: datetime, *, own: Record | None = None
+    state: State,
+    pod: JSON,
+    names: list[str],
+    now: datetime,
+    *,
+    own: Record | None = None,
+    strict: bool = False,
 ) -> Filtered:
     """Which of ``names`` have room for ``pod``'s claim now, as the ledger would decide it
-    (room, devices, entry cap, and the pod's quotas: their node selectors, lifetimes,
-    waits and room). ``own``: the pod's reservation, if it has one already (a bind that
-    failed after its admission): its node has room for it, it holds it."""
+    (room, devices, entry cap, the pod's quotas: their node selectors, lifetimes, waits
+    and room; and under ``strict`` FIFO, the reservations waiting ahead on the node, as
+    the decider's). ``own``: the pod's reservation, if it has one already (a bind that
+    failed after its admission): its node has room for it, it holds it. A pod that claims
+    nothing is the scheduler's alone: every node passes."""
+    if not is_claim_pod(pod):
+        return Filtered(list(names))
     try:
         claim = pod_claim(pod)
     except InvalidValueError:
         return Filtered([], {name: "headroom: BadClaim" for name in names})
     probe = pod_probe(state, pod, claim, now)
+    if own is not None and own.held:
+        # Its own entry is in the ledger under its id: probed under that id, every other
+        # node would say DuplicateID. (Moved there, the bind releases the one it holds.)
+        probe.id = f"{probe.id} (elsewhere)"
     fits: list[str] = []
     refused: dict[str, str] = {}
     for name in names:
@@ -62,7 +84,7 @@ def filter_nodes(
             fits.append(name)
             continue
         probe.node = name
-        refusal = state.ledger.refusal(probe, now)
+        refusal = state.ledger.refusal(probe, now, strict=strict)
         if refusal is None:
             fits.append(name)
         else:

@@ -102,6 +102,7 @@ log = logging.getLogger(__name__)
 #: (a label can be removed; a field selector cannot see scheduling gates).
 CLAIM_SELECTOR = None
 _RETRY_FIRST, _RETRY_CAP = 10.0, 300.0  # a new reservation after a refusal, per pod
+_AFTER_BIND = 0.5  # seconds: a pod kube-scheduler's bind holds is looked at again after
 
 
 def _created(pod: JSON) -> str:
@@ -258,7 +259,12 @@ class Gates(PodCalls):
         seen = self._pods.get(key)
         if seen is None or not self.started or not self._may_act():
             return
+        if self.binding(key):  # kube-scheduler's bind has it: looked at again after
+            self._queue.add_after(key, _AFTER_BIND)
+            return
         known = self._reservations.get(key)
+        if known is not None and known.pod_uid != seen.uid and await self._newer(key, known):
+            return  # the watch has not shown the pod the reservation is for yet
         record = self._record(known, seen)
         facts, now = self._state.node_facts, self._clock.monotonic()
         action = decide(seen, known, record, facts, now, bind_grace=self._bind_grace)
@@ -305,6 +311,20 @@ class Gates(PodCalls):
                 if say is not None:
                     self._say(seen, say.reason, say.message, say.kind)
                 self._queue.add_after(key, delay)
+
+    async def _newer(self, key: PodKey, known: Known) -> bool:
+        """Whether the pod named ``key`` is, in the API now, the one ``known`` is for (the
+        scheduler bound a pod of that name the watch has not shown yet): then it is taken
+        as seen, and its reservation is not taken for an earlier pod's."""
+        try:
+            pod = await self._fresh(key)
+        except (ApiError, ApiUnavailableError, DeposedError):
+            self._queue.add_rate_limited(key)
+            return True
+        if pod is None or (pod.get("metadata") or {}).get("uid") != known.pod_uid:
+            return False
+        self.on_pod(None, pod)
+        return True
 
     def _record(self, known: Known | None, seen: ClaimPod) -> Record | None:
         """The decision about the pod's reservation, if it was made for this incarnation."""

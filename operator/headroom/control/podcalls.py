@@ -86,7 +86,8 @@ class PodCalls:
         # Binds in flight (:mod:`headroom.control.binder`) wait on these, not on a timer.
         self._changes: dict[PodKey, asyncio.Event] = {}  # the pod or its reservation changed
         self._releases: dict[str, asyncio.Event] = {}  # reservation uid -> the ledger let it go
-        self._binds: dict[PodKey, asyncio.Lock] = {}  # one bind or fence of a pod at a time
+        # One bind or fence of a pod at a time: its lock, and how many hold or wait for it.
+        self._binds: dict[PodKey, tuple[asyncio.Lock, int]] = {}
 
     def poke(self, key: PodKey) -> None:
         """Look at the pod again: its key goes on the work queue."""
@@ -105,19 +106,24 @@ class PodCalls:
 
     @contextlib.asynccontextmanager
     async def bind_lock(self, key: PodKey) -> AsyncIterator[None]:
-        """Held while the pod is bound or fenced: never both, never two binds at once."""
-        lock = self._binds.setdefault(key, asyncio.Lock())
+        """Held while the pod is bound or fenced: never both, never two binds at once.
+        The lock is dropped only when no one holds *or waits for* it: one dropped while
+        a waiter was about to take it would let a newcomer take a second lock."""
+        lock, users = self._binds.get(key, (asyncio.Lock(), 0))
+        self._binds[key] = (lock, users + 1)
         try:
             async with lock:
                 yield
         finally:
-            if not lock.locked() and self._binds.get(key) is lock:
+            lock, users = self._binds[key]
+            if users == 1:
                 del self._binds[key]
+            else:
+                self._binds[key] = (lock, users - 1)
 
     def binding(self, key: PodKey) -> bool:
-        """Whether a bind of the pod is in flight."""
-        lock = self._binds.get(key)
-        return lock is not None and lock.locked()
+        """Whether a bind (or fence) of the pod runs or waits to."""
+        return key in self._binds
 
     def reservation_of(self, key: PodKey) -> Known | None:
         return self._reservations.get(key)
@@ -261,7 +267,10 @@ class PodCalls:
             self._queue.add_after(key, 1.0)  # a bind runs: it ends in time or fails
             return
         async with self.bind_lock(key):
-            fence = annotation_patch(seen.obj, FENCE_ANNOTATION, record.uid)
+            # Unique, so that a fence written again (its release failed) still moves the
+            # pod's resourceVersion.
+            value = f"{record.uid}@{self._clock.now().isoformat()}"
+            fence = annotation_patch(seen.obj, FENCE_ANNOTATION, value)
             try:
                 pod = await self._call(lambda: self._transport.json_patch(pod_path(*key), fence))
             except ApiError as error:

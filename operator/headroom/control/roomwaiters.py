@@ -40,6 +40,7 @@ class Waiter:
     nodes: frozenset[str]  # feasible for the scheduler, refused by the ledger
     seen_at: float  # monotonic
     created: str  # creationTimestamp: the order waiters are looked at in
+    anywhere: bool = False  # refused by a quota too: room anywhere may be its quota's
 
 
 class RoomWaiters:
@@ -60,10 +61,14 @@ class RoomWaiters:
     def __len__(self) -> int:
         return len(self._waiters)
 
-    def waits(self, key: PodKey, pod: JSON, nodes: Iterable[str]) -> None:
-        """The filter found the pod no room on any of ``nodes``."""
+    def waits(
+        self, key: PodKey, pod: JSON, nodes: Iterable[str], *, anywhere: bool = False
+    ) -> None:
+        """The filter found the pod no room on any of ``nodes``; ``anywhere``: a quota
+        refused it on some, so room that comes back on any node may be its quota's."""
         created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
-        self._waiters[key] = Waiter(pod, frozenset(nodes), self._clock.monotonic(), created)
+        now = self._clock.monotonic()
+        self._waiters[key] = Waiter(pod, frozenset(nodes), now, created, anywhere)
 
     def forget(self, key: PodKey) -> None:
         """It found room (a filter passed a node), or it was bound."""
@@ -79,7 +84,7 @@ class RoomWaiters:
             if mono - waiter.seen_at > _FORGET_AFTER:
                 del self._waiters[key]
                 continue
-            candidates = sorted(waiter.nodes & nodes)
+            candidates = sorted(waiter.nodes if waiter.anywhere else waiter.nodes & nodes)
             if candidates and self._fits(waiter.pod, candidates, now):
                 del self._waiters[key]  # the scheduler's next filter says again if not
                 self._nudges += 1

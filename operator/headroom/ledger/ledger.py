@@ -237,19 +237,7 @@ class Ledger:
         Under strict FIFO nothing goes ahead of a reservation already waiting on the
         node: a newcomer waits behind it (or, without a wait, is refused).
         """
-        refusal = self._refusal(entry, now)
-        for_room = for_quota = 0
-        if strict:
-            shares = partial(self.quotas.share, namespace_of(entry.id))
-            for_room, for_quota = self.waiting.ahead_of(entry, shares)
-        ahead = for_room + for_quota
-        # Waiters ahead make it wait too, unless it is refused for good: then it is
-        # refused at once (a wait would only run out).
-        if ahead and (refusal is None or refusal[0] in WAITABLE):
-            refusal = (
-                Reason.WAITERS_AHEAD,
-                f"node {entry.node}: {ahead} reservations wait ahead of this one (strict FIFO)",
-            )
+        refusal, for_room = self._admission_refusal(entry, now, strict)
         if refusal is None:
             return self.reserve(entry, now)
         reason, message = refusal
@@ -268,6 +256,26 @@ class Ledger:
             )
         self._failures[reason] += 1
         return Decision(False, reason, message, entry)
+
+    def _admission_refusal(
+        self, entry: Entry, now: datetime, strict: bool
+    ) -> tuple[tuple[Reason, str] | None, int]:
+        """Why ``entry`` is refused now (waiters ahead under strict FIFO included), and how
+        many of those waiters wait for the node's room (not only for their quota's)."""
+        refusal = self._refusal(entry, now)
+        for_room = for_quota = 0
+        if strict:
+            shares = partial(self.quotas.share, namespace_of(entry.id))
+            for_room, for_quota = self.waiting.ahead_of(entry, shares)
+        ahead = for_room + for_quota
+        # Waiters ahead make it wait too, unless it is refused for good: then it is
+        # refused at once (a wait would only run out).
+        if ahead and (refusal is None or refusal[0] in WAITABLE):
+            refusal = (
+                Reason.WAITERS_AHEAD,
+                f"node {entry.node}: {ahead} reservations wait ahead of this one (strict FIFO)",
+            )
+        return refusal, for_room
 
     def record(self, entry: Entry, now: datetime) -> Decision:
         """Account memory already in use: a pod the scheduler placed without asking.
@@ -311,9 +319,12 @@ class Ledger:
             return Reason.NODE_UNKNOWN, f"node {entry.node} is not known yet"
         return state.room_refusal(entry)
 
-    def refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
-        """Why ``entry`` would be refused now, or None if it fits (no change, no counter)."""
-        return self._refusal(entry, now)
+    def refusal(
+        self, entry: Entry, now: datetime, *, strict: bool = False
+    ) -> tuple[Reason, str] | None:
+        """Why ``entry`` would be refused now, or None if it fits (no change, no counter);
+        ``strict``: as :meth:`reserve_or_wait` under strict FIFO, waiters ahead refuse it."""
+        return self._admission_refusal(entry, now, strict)[0]
 
     def admit_waiting(
         self,

@@ -91,11 +91,12 @@ class ExtenderServer:
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         own = self._controller.gates.record_of(key, str(meta.get("uid", "")))
         now = self._controller.clock.now()
-        found = filter_nodes(self._controller.state, pod, names, now, own=own)
+        strict = self._controller.config.queueing.strategy == "StrictFIFO"
+        found = filter_nodes(self._controller.state, pod, names, now, own=own, strict=strict)
         if found.nodes:
             self._controller.room_waiters.forget(key)
         elif names:  # the ledger refused every node the scheduler could use: it waits
-            self._controller.room_waiters.waits(key, pod, names)
+            self._controller.room_waiters.waits(key, pod, names, anywhere=found.for_quota)
         return web.json_response(
             {"NodeNames": found.nodes, "FailedAndUnresolvableNodes": found.refused, "Error": ""}
         )
