@@ -117,10 +117,27 @@ async def placement_run(
         return {**latency, "burst_pods_per_s": burst / took}
     finally:
         watcher.cancel()
+        await clear_pods(client, namespace)  # first: a bound claim pod would be re-recorded
         await bench.clean(client, namespace)
         await persist(
             lambda: client.delete(f"/api/v1/namespaces/{namespace}"), "namespace", landed=404
         )
+
+
+async def clear_pods(client: KubeClient, namespace: str) -> None:
+    """Delete the run's pods at once (no kubelet would confirm a graceful deletion)."""
+    path = ns_path_pods(namespace)
+    await persist(lambda: client.request("DELETE", path, params={"gracePeriodSeconds": 0}), "pods")
+
+    async def gone() -> bool:
+        page = await client.request("GET", path, params={"limit": 1})
+        return not page.get("items")
+
+    deadline = time.monotonic() + 120
+    while not await gone():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the pods of {namespace} were not deleted in 120 s")
+        await asyncio.sleep(0.5)
 
 
 async def run(args: argparse.Namespace) -> JSON:

@@ -105,7 +105,7 @@ def prioritize(
     left: dict[str, int] = {}
     for name in names:
         if state.ledger.knows(name):
-            left[name] = state.ledger.node_summary(name, now).allocatable_ram_mb - ram
+            left[name] = state.ledger.allocatable_ram(name) - ram  # node_summary's figure
     if not left:
         return {name: 0 for name in names}
     low, high = min(left.values()), max(left.values())
