@@ -124,6 +124,36 @@ def assert_bound_on_its_admission(api: client.ApiClient, namespace: str, name: s
     return str(node)
 
 
+def all_bound(core: client.CoreV1Api, namespace: str) -> list[str]:
+    """Every pod of the namespace bound (their names), or the unbound ones and why."""
+    pods = core.list_namespaced_pod(namespace).items
+    unbound = [(p.metadata.name, p.status.conditions) for p in pods if not p.spec.node_name]
+    assert not unbound, unbound
+    return [p.metadata.name for p in pods]
+
+
+def assert_each_bound_once(
+    api: client.ApiClient, namespace: str, names: list[str], count: int, *, mib_each: int
+) -> None:
+    """``count`` pods, each bound on its own Admitted reservation, no other reservation
+    in the namespace, and no node's admitted pods past its RAM limit (read from the API)."""
+    custom = client.CustomObjectsApi(api)
+    assert len(names) == count
+    used: dict[str, int] = {}
+    for name in names:
+        node = assert_bound_on_its_admission(api, namespace, name)
+        used[node] = used.get(node, 0) + mib_each
+    reservations = custom.list_namespaced_custom_object(
+        "headroom.dev", "v1alpha1", namespace, "reservations"
+    )["items"]
+    assert sorted(r["metadata"]["name"] for r in reservations) == sorted(names)
+    for node, mib in used.items():
+        summary: dict[str, Any] = custom.get_cluster_custom_object(
+            "headroom.dev", "v1alpha1", "nodeheadrooms", node
+        )
+        assert mib <= summary["status"]["limitRAMMB"], (node, mib, summary["status"])
+
+
 def test_the_scheduler_places_a_claim_pod_where_the_ledger_has_room_and_its_cpu_fits(
     api: client.ApiClient, extender: Extender, pool: tuple[str, str, dict[str, str]]
 ) -> None:
@@ -181,29 +211,10 @@ def test_two_schedulers_binding_the_same_pods_make_one_reservation_each_and_neve
         for index in range(24):
             core.create_namespaced_pod(namespace, claim_pod(f"p{index}", label, "3Gi", "10m"))
 
-        def all_bound() -> list[str]:
-            pods = core.list_namespaced_pod(namespace).items
-            unbound = [(p.metadata.name, p.status.conditions) for p in pods if not p.spec.node_name]
-            assert not unbound, unbound
-            return [p.metadata.name for p in pods]
-
-        names = eventually(all_bound, timeout=60)
+        names = eventually(lambda: all_bound(core, namespace), timeout=60)
     finally:
         second.stop()
-    assert len(names) == 24
-    used: dict[str, int] = {}
-    for name in names:
-        node = assert_bound_on_its_admission(api, namespace, name)
-        used[node] = used.get(node, 0) + 3 * 1024
-    reservations = client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "headroom.dev", "v1alpha1", namespace, "reservations"
-    )["items"]
-    assert sorted(r["metadata"]["name"] for r in reservations) == sorted(names)
-    for node, mib in used.items():
-        summary: dict[str, Any] = client.CustomObjectsApi(api).get_cluster_custom_object(
-            "headroom.dev", "v1alpha1", "nodeheadrooms", node
-        )
-        assert mib <= summary["status"]["limitRAMMB"], (node, mib, summary["status"])
+    assert_each_bound_once(api, namespace, names, 24, mib_each=3 * 1024)
 
 
 def test_with_placement_by_the_scheduler_the_webhook_hands_opted_in_pods_to_it(
@@ -332,32 +343,13 @@ def test_the_leader_killed_while_it_binds_leaves_no_pod_bound_without_its_admiss
         eventually(some_bound, timeout=60)
         leader.kill()
 
-        def all_bound() -> list[str]:
-            pods = core.list_namespaced_pod(namespace).items
-            unbound = [p.metadata.name for p in pods if not p.spec.node_name]
-            assert not unbound, unbound
-            return [p.metadata.name for p in pods]
-
-        names = eventually(all_bound, timeout=120)
+        names = eventually(lambda: all_bound(core, namespace), timeout=120)
     finally:
         scheduler.stop()
         service.stop()
         for replica in replicas:
             replica.stop()
-    assert len(names) == 30
-    used: dict[str, int] = {}
-    for name in names:
-        node = assert_bound_on_its_admission(api, namespace, name)
-        used[node] = used.get(node, 0) + 3 * 1024
-    reservations = client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "headroom.dev", "v1alpha1", namespace, "reservations"
-    )["items"]
-    assert sorted(r["metadata"]["name"] for r in reservations) == sorted(names)
-    for node, mib in used.items():
-        summary: dict[str, Any] = client.CustomObjectsApi(api).get_cluster_custom_object(
-            "headroom.dev", "v1alpha1", "nodeheadrooms", node
-        )
-        assert mib <= summary["status"]["limitRAMMB"], (node, mib, summary["status"])
+    assert_each_bound_once(api, namespace, names, 30, mib_each=3 * 1024)
 
 
 def test_pod_anti_affinity_and_topology_spread_hold_for_claim_pods(

@@ -79,6 +79,24 @@ def scheduled_pod(name: str, pool: str, ram: str) -> dict[str, Any]:
     return body
 
 
+async def started_with_pod(
+    controller: Controller,
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    namespace: str,
+    name: str,
+) -> tuple[str, client.V1Pod]:
+    """A 16 GiB node, the controller leading with its ledger rebuilt, and a 4 GiB claim pod
+    for the scheduler ``headroom``, unbound: the node's name and the pod."""
+    pool, nodes = pool_nodes(make_node, core, a="16Gi")
+    await controller.start()
+    await asyncio.wait_for(controller.ready.wait(), 30)
+    pod = await asyncio.to_thread(
+        core.create_namespaced_pod, namespace, scheduled_pod(name, pool, "4Gi")
+    )
+    return nodes["a"], pod
+
+
 async def test_a_bind_retried_after_a_failed_binding_reuses_its_one_reservation(
     running: tuple[Controller, Refusing],
     make_node: Callable[..., Any],
@@ -87,12 +105,8 @@ async def test_a_bind_retried_after_a_failed_binding_reuses_its_one_reservation(
     namespace: str,
 ) -> None:
     controller, refusing = running
-    pool, nodes = pool_nodes(make_node, core, a="16Gi")
-    await controller.start()
-    await asyncio.wait_for(controller.ready.wait(), 30)
-    pod = await asyncio.to_thread(
-        core.create_namespaced_pod, namespace, scheduled_pod("p", pool, "4Gi")
-    )
+    node, pod = await started_with_pod(controller, make_node, core, namespace, "p")
+    nodes = {"a": node}
     binder = Binder(controller.gates, controller.clock)
     call = BindCall(namespace, "p", pod.metadata.uid, nodes["a"])
 
@@ -126,14 +140,8 @@ async def test_an_admission_whose_binding_never_comes_is_fenced_then_released(
     namespace: str,
 ) -> None:
     controller, refusing = running
-    pool, nodes = pool_nodes(make_node, core, a="16Gi")
-    node = nodes["a"]
-    await controller.start()
-    await asyncio.wait_for(controller.ready.wait(), 30)
-    room = controller.state.ledger.allocatable_ram(node)
-    pod = await asyncio.to_thread(
-        core.create_namespaced_pod, namespace, scheduled_pod("lost", pool, "4Gi")
-    )
+    node, pod = await started_with_pod(controller, make_node, core, namespace, "lost")
+    room = controller.state.ledger.allocatable_ram(node)  # an unbound pod holds nothing yet
     refusing.count = 1  # as a leader that died between its status write and its Binding
     binder = Binder(controller.gates, controller.clock)
     assert await binder.bind(BindCall(namespace, "lost", pod.metadata.uid, node)) != ""
