@@ -39,6 +39,11 @@ def api(controllers_api: client.ApiClient) -> client.ApiClient:
     return controllers_api
 
 
+def on_loopback(port: int) -> dict[str, Any]:
+    """The operator config that serves the extender on this machine's ``port``."""
+    return {"extenderPort": port, "extenderHost": "127.0.0.1"}
+
+
 @dataclass
 class Extender:
     operator: OperatorProcess
@@ -48,9 +53,7 @@ class Extender:
 @pytest.fixture
 def extender(controllers_plane: ControlPlane, tmp_path: Path) -> Iterator[Extender]:
     port = free_port()
-    operator = OperatorProcess(
-        controllers_plane.kubeconfig, tmp_path, {"extenderPort": port, "extenderHost": "127.0.0.1"}
-    ).start()
+    operator = OperatorProcess(controllers_plane.kubeconfig, tmp_path, on_loopback(port)).start()
     operator.wait_ready(body="ok")
     url = f"http://127.0.0.1:{port}"
     scheduler = HeadroomScheduler(controllers_plane, url).start()
@@ -232,12 +235,7 @@ def test_with_placement_by_the_scheduler_the_webhook_hands_opted_in_pods_to_it(
     gate = Gate(client.AdmissionregistrationV1Api(api), namespace, excluded)
     gate.register()
     port = free_port()
-    config = {
-        **gate.config(),
-        "placement": {"mode": "scheduler"},
-        "extenderPort": port,
-        "extenderHost": "127.0.0.1",
-    }
+    config = {**gate.config(), "placement": {"mode": "scheduler"}, **on_loopback(port)}
     operator = OperatorProcess(controllers_plane.kubeconfig, tmp_path, config).start()
     scheduler = None
     try:
@@ -325,7 +323,7 @@ def test_the_leader_killed_while_it_binds_leaves_no_pod_bound_without_its_admiss
     for index, port in enumerate(ports):
         workdir = tmp_path / f"replica-{index}"
         workdir.mkdir()
-        config = {"leaderElection": election, "extenderPort": port, "extenderHost": "127.0.0.1"}
+        config = {"leaderElection": election, **on_loopback(port)}
         replicas.append(OperatorProcess(controllers_plane.kubeconfig, workdir, config))
     leader, standby = replicas
     leader.start(wait_ready=False).wait_ready(body="ok")
@@ -418,11 +416,7 @@ def test_the_charts_scheduler_configuration_binds_through_the_charts_operator_co
     operator_config = yaml.safe_load(configs["headroom-config"]["data"]["config.yaml"])
     scheduler_config = yaml.safe_load(configs["headroom-scheduler"]["data"]["config.yaml"])
     port = free_port()
-    local = {
-        "placement": operator_config["placement"],
-        "extenderPort": port,
-        "extenderHost": "127.0.0.1",
-    }
+    local = {"placement": operator_config["placement"], **on_loopback(port)}
     operator = OperatorProcess(controllers_plane.kubeconfig, tmp_path, local).start()
     scheduler = None
     try:

@@ -106,23 +106,22 @@ async def test_a_bind_retried_after_a_failed_binding_reuses_its_one_reservation(
 ) -> None:
     controller, refusing = running
     node, pod = await started_with_pod(controller, make_node, core, namespace, "p")
-    nodes = {"a": node}
     binder = Binder(controller.gates, controller.clock)
-    call = BindCall(namespace, "p", pod.metadata.uid, nodes["a"])
+    call = BindCall(namespace, "p", pod.metadata.uid, node)
 
     refusing.count = 1
     error = await binder.bind(call)
     assert "refused by the test" in error
     first = await asyncio.to_thread(rsv.get, custom, namespace, "p")
     assert first["status"]["phase"] == "Admitted"  # written before the Binding was tried
-    assert first["spec"]["node"] == nodes["a"]
+    assert first["spec"]["node"] == node
     assert not (await asyncio.to_thread(core.read_namespaced_pod, "p", namespace)).spec.node_name
 
     assert await binder.bind(call) == ""  # the scheduler's retry
     again = await asyncio.to_thread(rsv.get, custom, namespace, "p")
     assert again["metadata"]["uid"] == first["metadata"]["uid"]  # no second reservation
     bound = await asyncio.to_thread(core.read_namespaced_pod, "p", namespace)
-    assert bound.spec.node_name == nodes["a"]
+    assert bound.spec.node_name == node
     assert bound.metadata.annotations["headroom.dev/reservation"] == "p"
     assert await binder.bind(call) == ""  # a third call, its answer lost before: still one
     assert len(refusing.posted) == 2

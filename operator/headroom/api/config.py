@@ -186,6 +186,10 @@ class QueueingConfig(BaseModel):
         ),
     )
 
+    @property
+    def strict(self) -> bool:
+        return self.strategy == "StrictFIFO"
+
 
 class QuotasConfig(BaseModel):
     """What governs a namespace that no HeadroomQuota selects."""

@@ -165,9 +165,7 @@ class Controller:
             transport,
             self.clock,
             fits=lambda pod, names, now: (
-                filter_nodes(
-                    state, pod, names, now, strict=config.queueing.strategy == "StrictFIFO"
-                ).nodes
+                filter_nodes(state, pod, names, now, strict=config.queueing.strict).nodes
             ),
             may_act=may_act,
         )
@@ -178,7 +176,7 @@ class Controller:
             self.clock,
             run_id=run_id,
             may_act=may_act,
-            strict=config.queueing.strategy == "StrictFIFO",
+            strict=config.queueing.strict,
             telemetry=self.telemetry,
             namespace_ready=lambda namespace: self.quotas.namespace_ready(namespace),
             room_on=self.room_waiters.room_on,

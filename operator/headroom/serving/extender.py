@@ -26,6 +26,7 @@ from aiohttp import web
 from headroom.control.binder import BindCall, Binder
 from headroom.control.controller import Controller
 from headroom.control.extender import filter_nodes, prioritize
+from headroom.control.state import pod_key
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +88,11 @@ class ExtenderServer:
         if args is None:
             return web.json_response({"Error": "expected ExtenderArgs with Pod and NodeNames"})
         pod, names = args
-        meta = pod.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        own = self._controller.gates.record_of(key, str(meta.get("uid", "")))
+        key = pod_key(pod)
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        own = self._controller.gates.record_of(key, uid)
         now = self._controller.clock.now()
-        strict = self._controller.config.queueing.strategy == "StrictFIFO"
+        strict = self._controller.config.queueing.strict
         found = filter_nodes(self._controller.state, pod, names, now, own=own, strict=strict)
         if found.nodes:
             self._controller.room_waiters.forget(key)
