@@ -103,7 +103,7 @@ def _webhook(
     namespace = certificate.namespace or os.environ.get("POD_NAMESPACE", "default")
     service_namespace = certificate.service_namespace or namespace
     placement = config.placement
-    scheduler = placement.scheduler_name if placement.mode == "scheduler" else None
+    scheduler = placement.scheduler
     server = WebhookThread(
         WebhookServer(webhook.host, webhook.port, on_review=metrics.reviewed, scheduler=scheduler)
     )

@@ -13,9 +13,13 @@ from __future__ import annotations
 import asyncio
 import random
 
+from headroom.api.claims import pod_claim
 from headroom.api.config import OperatorConfig
+from headroom.api.constants import CLAIM_LABEL, OWNER_LABEL, RAM_ANNOTATION
+from headroom.api.paths import resource_path
 from headroom.control.controller import Controller
 from headroom.kube.transport import JSON, ApiError
+from headroom.objects.pods import pod_reservation
 from headroom_dev.sim.fakeapi import FakeApiServer
 from headroom_dev.sim.fakeapi.client import FakeClient
 from headroom_dev.sim.loop import VirtualClock, run_virtual
@@ -72,3 +76,55 @@ def test_an_owner_pod_deleted_while_it_is_read_is_read_again_and_its_reservation
         "Reclaimed",
         "OwnerPodDeleted",
     ), after["status"]
+
+
+class CountedPodReads(FakeClient):
+    pod_reads = 0
+
+    async def get(self, path: str) -> JSON:
+        if path.startswith(PODS):
+            self.pod_reads += 1
+        return await super().get(path)
+
+
+def decided_after_reads(config: OperatorConfig, scheduler_name: str) -> tuple[str, int]:
+    """A pending claim pod for ``scheduler_name`` and the reservation the bind makes for
+    it: the decision, and how many times the pod was read for it."""
+
+    async def scenario() -> tuple[str, int]:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        body = {
+            "metadata": {
+                "name": "p",
+                "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
+                "annotations": {RAM_ANNOTATION: "512Mi"},
+            },
+            "spec": {"schedulerName": scheduler_name, "containers": [{"name": "c"}]},
+        }
+        pod = server.create(PODS, body)
+        transport = CountedPodReads(server, "operator")
+        controller = Controller(
+            config, transport, clock=VirtualClock(), follow_watches=False, rng=random.Random(1)
+        )
+        await controller.start()
+        controller.owners.on_pod("ADDED", pod)
+        reservation = pod_reservation(pod, pod_claim(pod), "n1")
+        server.create(resource_path("headroom.dev", "v1alpha1", "reservations", NS), reservation)
+        await deliver_reservations(server, controller)
+        [decided] = server.reservations(NS)
+        await controller.stop()
+        return decided["status"]["phase"], transport.pod_reads
+
+    return run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_the_reservation_a_bind_makes_is_decided_without_reading_its_pod() -> None:
+    """A pod waiting, unbound, for the scheduler whose binds are the operator's can be
+    placed by the operator only (as a gated pod): its reservation is decided as a claim
+    at once. Any other pending pod is read first (it may run already: the watch lags)."""
+    binds = OperatorConfig.model_validate({"extenderPort": 9444})
+    assert decided_after_reads(binds, "headroom") == ("Admitted", 0)
+    assert decided_after_reads(binds, "another") == ("Admitted", 1)
+    assert decided_after_reads(OperatorConfig(), "headroom") == ("Admitted", 1)

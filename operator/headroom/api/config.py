@@ -307,6 +307,11 @@ class PlacementConfig(BaseModel):
         ),
     )
 
+    @property
+    def scheduler(self) -> str | None:
+        """The scheduler the webhook hands opted-in pods to (mode scheduler), else None."""
+        return self.scheduler_name if self.mode == "scheduler" else None
+
 
 class OperatorConfig(BaseModel):
     """Everything the operator reads at start."""
@@ -401,6 +406,12 @@ class OperatorConfig(BaseModel):
             "minute; null: a self-signed certificate made in memory at start."
         ),
     )
+
+    @property
+    def binding_for(self) -> str | None:
+        """The scheduler whose binds are the operator's: served by the extender
+        (``extenderPort``), whatever the webhook's mode; None without it."""
+        return self.placement.scheduler_name if self.extender_port is not None else None
 
     @model_validator(mode="after")
     def _ports_apart(self) -> OperatorConfig:

@@ -11,7 +11,8 @@ bound, or a bound pod whose reservation is Admitted on its node
 Steps, for one pod at a time (a lock per pod: two scheduler replicas, or a retry
 while an earlier call still runs, never bind one pod twice):
 
-1. The pod as it is now (one GET): its uid must be the call's (else it was replaced).
+1. The pod as it is now (one GET, the only one as a rule): its uid must be the call's
+   (else it was replaced).
    Already bound: success if to this node and its reservation is held there (an
    earlier call whose answer was lost), else an error.
 2. Its reservation, named as the pod and owned by it (the gate path's shape, made by
@@ -22,7 +23,8 @@ while an earlier call still runs, never bind one pod twice):
    the scheduler's error (it backs off; the next filter sees the ledger as it is).
 3. The decision written (the reservation's status says it): only then is the pod
    bound, with a Binding that carries the pod's ``uid`` and ``resourceVersion`` as
-   preconditions, so a pod edited since it was read (its claim resized) is not bound
+   preconditions, so a pod edited since it was read (its claim resized, or the owner
+   label added by the bind itself) is not bound
    on the old claim's admission: it is read again and, if its claim is unchanged,
    bound once more; otherwise the scheduler's next cycle decides again.
 
@@ -131,13 +133,15 @@ class Binder:
             return
         record = await self._admitted(key, pod, claim, call)
         for attempt in range(_BINDING_ATTEMPTS):
-            # Read again: the owner label and the pod's condition were written meanwhile,
-            # and the Binding's resourceVersion must be of a version whose claim is this.
-            pod = await self._pod(key, call.uid)
-            if bound_node(pod) == call.node:
-                return
-            if bound_node(pod) is not None or _claim_of(pod) != claim:
-                raise BindError(f"pod {key[0]}/{key[1]} changed while it was bound; again")
+            # The Binding carries the resourceVersion of a read whose claim is the one
+            # admitted: first the read above (nothing writes the pod meanwhile, as a rule:
+            # a read fewer per pod); a conflict (written since) reads it and tries again.
+            if attempt:
+                pod = await self._pod(key, call.uid)
+                if bound_node(pod) == call.node:
+                    return
+                if bound_node(pod) is not None or _claim_of(pod) != claim:
+                    raise BindError(f"pod {key[0]}/{key[1]} changed while it was bound; again")
             pod = await self._with_deadline(key, pod, record)
             if not self._still_admitted(key, call.uid, record):
                 raise BindError(f"the reservation of pod {key[0]}/{key[1]} changed; again")

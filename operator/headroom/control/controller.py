@@ -202,6 +202,7 @@ class Controller:
             observe=lambda record, source, value: self.reconciler.observe(record, source, value),
             reclaim=self.reclaimer.reclaim,
             rng=self.rng,
+            scheduler=config.binding_for,
         )
         self.resource_claims = ResourceClaims(
             state,

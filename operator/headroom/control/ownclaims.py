@@ -52,8 +52,10 @@ class OwnClaims:
         if owner_uid is None:
             return True
         seen = self._state.pods.get((namespace, pod))
-        if seen is not None and seen.gated and seen.uid == owner_uid:
-            return True  # a gated pod's: decided as a claim (only the operator ungates it)
+        if seen is not None and seen.placed_by_operator and seen.uid == owner_uid:
+            # A gated pod's, or one the operator's bind waits for: decided as a claim
+            # (only the operator ungates it, or binds it), with no read of the pod.
+            return True
         try:
             entry = reservation_entry(obj, self._clock.now())
         except InvalidValueError:

@@ -39,7 +39,7 @@ from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
 from headroom.kube.workqueue import WorkQueue
-from headroom.objects.pods import is_gated, running_claim
+from headroom.objects.pods import placed_by_operator, running_claim
 from headroom.objects.reservations import heartbeat_value, is_owner_pod
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,11 @@ class Owners:
         observe: Callable[[Record, str, str | None], None],
         reclaim: Callable[[Record, Reason, str], None],
         rng: random.Random,
+        scheduler: str | None = None,
     ) -> None:
+        """``scheduler``: the one whose binds are the operator's (placement mode scheduler)."""
         self._state, self._transport, self._events = state, transport, events
+        self._scheduler = scheduler
         self._clock = clock
         self._observe, self._reclaim = observe, reclaim
         self._bad: dict[Key, str] = {}  # one BadHeartbeat Event per pod and bad value
@@ -114,7 +117,8 @@ class Owners:
         else:
             self._bad.pop(key, None)
         when = self._clock.monotonic() if listed_at is None else listed_at
-        state.pods[key] = SeenPod(uid, value, when, running_claim(obj), is_gated(obj))
+        placed = placed_by_operator(obj, self._scheduler)
+        state.pods[key] = SeenPod(uid, value, when, running_claim(obj), placed)
         for record in state.owners_of(key):
             self._observe(record, POD, value)
 

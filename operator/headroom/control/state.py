@@ -100,7 +100,8 @@ class SeenPod:
     #: Its claim if it is a claim pod running on a node: what tells the operator's own
     #: reservation of it from a tenant's (``headroom.objects.pods.is_own_reservation``).
     running: RunningClaim | None = None
-    gated: bool = False  # held by our scheduling gate
+    #: Held by our gate, or unbound and waiting for the scheduler whose binds are ours.
+    placed_by_operator: bool = False
 
 
 class State:

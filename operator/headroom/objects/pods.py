@@ -66,6 +66,15 @@ def bound_node(pod: JSON) -> str | None:
     return node if isinstance(node, str) and node else None
 
 
+def placed_by_operator(pod: JSON, scheduler: str | None) -> bool:
+    """Whether only the operator can place the pod now: our gate holds it, or it waits,
+    unbound, for ``scheduler`` (placement mode scheduler), whose binds are the operator's."""
+    if is_gated(pod):
+        return True
+    name = (pod.get("spec") or {}).get("schedulerName")
+    return scheduler is not None and name == scheduler and bound_node(pod) is None
+
+
 # -- the reservation of a pod -----------------------------------------------------------------
 
 
