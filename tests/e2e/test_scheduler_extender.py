@@ -299,6 +299,58 @@ def test_a_pod_waiting_for_ledger_room_is_bound_soon_after_room_comes_back(
     assert "headroom.dev/room" in nudged
 
 
+def test_a_new_leader_nudges_the_pods_an_earlier_one_left_waiting_for_room(
+    api: client.ApiClient,
+    controllers_plane: ControlPlane,
+    pool: tuple[str, str, dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """Only the leader knows which pods wait for ledger room. Room that comes back while
+    no operator runs (a reservation deleted meanwhile) is found by the next one at its
+    start, which nudges the pods the scheduler left unschedulable: bound in seconds, not
+    at the scheduler's five-minute flush."""
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    namespace, label, nodes = pool
+    rsv.create(custom, namespace, "filler", nodes["small"], 7 * 1024)
+    port = free_port()
+    operators = [
+        OperatorProcess(controllers_plane.kubeconfig, tmp_path / name, on_loopback(port))
+        for name in ("first", "next")
+    ]
+    for operator in operators:
+        operator.workdir.mkdir()
+    first, following = operators
+    first.start(wait_ready=False).wait_ready(body="ok")
+    scheduler = HeadroomScheduler(controllers_plane, f"http://127.0.0.1:{port}").start()
+    try:
+        body = claim_pod("patient", label, "4Gi")
+        body["metadata"]["annotations"]["headroom.dev/node"] = nodes["small"]
+        core.create_namespaced_pod(namespace, body)
+
+        def unschedulable() -> None:
+            pod = core.read_namespaced_pod("patient", namespace)
+            found = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+            assert found and found[0].reason == "Unschedulable", found
+
+        eventually(unschedulable, timeout=30)
+        first.stop()
+        rsv.delete(custom, namespace, "filler")  # seen by no operator
+        time.sleep(2)
+        following.start(wait_ready=False).wait_ready(body="ok")
+        ready = time.monotonic()
+        bound = eventually(lambda: bound_to(core, namespace, "patient"), timeout=30)
+        assert time.monotonic() - ready < 10  # not the scheduler's five-minute flush
+    finally:
+        scheduler.stop()
+        for operator in operators:
+            operator.stop()
+    assert bound == nodes["small"]
+    assert assert_bound_on_its_admission(api, namespace, "patient") == nodes["small"]
+    nudged = core.read_namespaced_pod("patient", namespace).metadata.annotations
+    assert "headroom.dev/room" in nudged
+
+
 def test_the_leader_killed_while_it_binds_leaves_no_pod_bound_without_its_admission(
     api: client.ApiClient,
     controllers_plane: ControlPlane,

@@ -97,3 +97,28 @@ def test_the_nudge_is_an_annotation_on_that_incarnation() -> None:
     [(_, operations)] = api.patched
     assert operations[0] == {"op": "test", "path": "/metadata/uid", "value": "u-a"}
     assert operations[1]["path"] == "/metadata/annotations/" + ROOM_ANNOTATION.replace("/", "~1")
+
+
+def test_a_new_leader_nudges_the_waiters_it_inherits_where_room_is() -> None:
+    """An earlier leader knew where they waited; this one does not: each is nudged once
+    room comes back on any node where the ledger would let it go."""
+    api, clock = Api(), Clock()
+
+    async def go() -> None:
+        waiters = RoomWaiters(
+            api,  # type: ignore[arg-type]
+            clock,
+            fits=lambda p, names, now: [n for n in names if n == "n3"],
+            may_act=lambda: True,
+        )
+        waiters.inherit([(("ml", "a"), pod("a", "")), (("ml", "b"), pod("b", ""))])
+        waiters.waits(("ml", "b"), pod("b", ""), ["n1"])  # filtered since: it waits on n1
+        waiters.room_on({"n1", "n2"})
+        assert not api.patched  # room where neither fits
+        waiters.room_on({"n3"})
+        await asyncio.sleep(0)
+        assert len(waiters) == 1  # b, nudged for n1 only
+        await waiters.stop()
+
+    asyncio.run(go())
+    assert [path.rsplit("/", 1)[1] for path, _ in api.patched] == ["a"]

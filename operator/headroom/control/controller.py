@@ -281,6 +281,10 @@ class Controller:
                 )
                 self.reconciler.adopt = adoption.adopt
         versions = await self.rebuild()
+        scheduler = self.config.binding_for
+        if scheduler is not None:  # the waiters an earlier leader knew; room may be back
+            self.room_waiters.inherit(self.gates.unschedulable_for(scheduler))
+            self.room_waiters.room_on(set(self.state.ledger.nodes()))
         spawn = self.supervisor.spawn
         spawn("admission", self.admission.run())
         spawn("sweeper", self.reclaimer.run())

@@ -95,7 +95,14 @@ from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
 from headroom.objects.podreservations import booked
-from headroom.objects.pods import bound_node, is_finished, is_gated, owning_pod_uid, pod_reservation
+from headroom.objects.pods import (
+    bound_node,
+    is_finished,
+    is_gated,
+    owning_pod_uid,
+    pod_reservation,
+    unschedulable_for,
+)
 
 log = logging.getLogger(__name__)
 #: The pods watch selects nothing: a pod our gate holds is followed whatever its labels
@@ -155,6 +162,14 @@ class Gates(PodCalls):
     def gated(self) -> int:
         """Pods held by our gate now."""
         return sum(1 for pod in self._pods.values() if is_gated(pod.obj))
+
+    def unschedulable_for(self, scheduler: str) -> list[tuple[PodKey, JSON]]:
+        """Claim pods ``scheduler`` left unbound, finding no node for them."""
+        return [
+            (key, pod.obj)
+            for key, pod in self._pods.items()
+            if unschedulable_for(pod.obj, scheduler)
+        ]
 
     def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
         meta = obj.get("metadata") or {}

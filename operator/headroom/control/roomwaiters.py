@@ -13,6 +13,11 @@ Waiters are pods, oldest first, remembered with the nodes the scheduler found fe
 for them at their last filter; forgotten when a filter finds them room, when they are
 bound, gone, or not filtered for ``_FORGET_AFTER``. A nudge only asks the scheduler to
 try: filter and bind decide, so two pods nudged for the same room cannot both take it.
+
+The leader alone filters, so only it knows the waiters. A new leader takes over those
+the scheduler left unschedulable (:meth:`RoomWaiters.inherit`), without the nodes they
+waited for: each is nudged once room comes back on a node where the ledger would let it
+go, and remembered afresh by its next filter.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class Waiter:
     seen_at: float  # monotonic
     created: str  # creationTimestamp: the order waiters are looked at in
     anywhere: bool = False  # refused by a quota too: room anywhere may be its quota's
+    inherited: bool = False  # from an earlier leader: where it waited is not known
 
 
 class RoomWaiters:
@@ -70,6 +76,15 @@ class RoomWaiters:
         now = self._clock.monotonic()
         self._waiters[key] = Waiter(pod, frozenset(nodes), now, created, anywhere)
 
+    def inherit(self, pods: Iterable[tuple[PodKey, JSON]]) -> None:
+        """Pods the scheduler left unschedulable before this replica led (an earlier
+        leader filtered them): they wait for room on any node, until a filter says where."""
+        now = self._clock.monotonic()
+        for key, pod in pods:
+            if key not in self._waiters:
+                created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+                self._waiters[key] = Waiter(pod, frozenset(), now, created, inherited=True)
+
     def forget(self, key: PodKey) -> None:
         """It found room (a filter passed a node), or it was bound."""
         self._waiters.pop(key, None)
@@ -84,7 +99,10 @@ class RoomWaiters:
             if mono - waiter.seen_at > _FORGET_AFTER:
                 del self._waiters[key]
                 continue
-            candidates = sorted(waiter.nodes if waiter.anywhere else waiter.nodes & nodes)
+            if waiter.inherited:
+                candidates = sorted(nodes)  # where it may go is not known: where room is back
+            else:
+                candidates = sorted(waiter.nodes if waiter.anywhere else waiter.nodes & nodes)
             if candidates and self._fits(waiter.pod, candidates, now):
                 del self._waiters[key]  # the scheduler's next filter says again if not
                 self._nudges += 1

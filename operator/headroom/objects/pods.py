@@ -66,6 +66,17 @@ def bound_node(pod: JSON) -> str | None:
     return node if isinstance(node, str) and node else None
 
 
+def unschedulable_for(pod: JSON, scheduler: str) -> bool:
+    """Whether ``scheduler`` tried the pod and left it unbound, found no node for it
+    (its ``PodScheduled`` condition: False, Unschedulable)."""
+    if (pod.get("spec") or {}).get("schedulerName") != scheduler or bound_node(pod) is not None:
+        return False
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(condition, dict) and condition.get("type") == "PodScheduled":
+            return condition.get("status") == "False" and condition.get("reason") == "Unschedulable"
+    return False
+
+
 def placed_by_operator(pod: JSON, scheduler: str | None) -> bool:
     """Whether only the operator can place the pod now: our gate holds it, or it waits,
     unbound, for ``scheduler`` (placement mode scheduler), whose binds are the operator's."""
