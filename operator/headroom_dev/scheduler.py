@@ -32,6 +32,7 @@ class HeadroomScheduler:
         name: str = NAME,
         scheduler_name: str = SCHEDULER_NAME,
         config: dict[str, Any] | None = None,
+        qps: float | None = None,
     ) -> None:
         """``name``: of its files and certificate; a second one beside the first is
         another name (both unelected: each schedules every ``headroom`` pod).
@@ -39,7 +40,9 @@ class HeadroomScheduler:
         baseline), under another ``scheduler_name``. ``config``: a whole
         KubeSchedulerConfiguration instead (the chart's), run as it is but for what only
         this machine has: its client connection, no leader election (the harness's
-        identity may hold only the Lease kube-scheduler), and ``extender_url``."""
+        identity may hold only the Lease kube-scheduler), and ``extender_url``. ``qps``:
+        its API client's rate (burst twice that); None: kube-scheduler's default, 50
+        requests per second after a burst of 100, which bounds its Bindings."""
         self.plane, self.port = plane, free_port()
         work, pki = plane.workdir, plane.pki
         plane.ca.serving(name).write(pki, name)
@@ -47,7 +50,8 @@ class HeadroomScheduler:
         self.config = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "clientConnection": {"kubeconfig": str(kubeconfig)}
+            | ({"qps": qps, "burst": int(2 * qps)} if qps is not None else {}),
             "leaderElection": {"leaderElect": False},
             "podInitialBackoffSeconds": 1,
             "podMaxBackoffSeconds": 5,

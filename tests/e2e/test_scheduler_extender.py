@@ -127,6 +127,16 @@ def assert_bound_on_its_admission(api: client.ApiClient, namespace: str, name: s
     return str(node)
 
 
+def unschedulable(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    """The message of the pod's PodScheduled condition, once the scheduler left it
+    Unschedulable (an AssertionError before, for ``eventually``)."""
+    pod = core.read_namespaced_pod(name, namespace)
+    found = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+    assert found, "not tried yet"
+    assert found[0].reason == "Unschedulable", found[0]
+    return str(found[0].message)
+
+
 def all_bound(core: client.CoreV1Api, namespace: str) -> list[str]:
     """Every pod of the namespace bound (their names), or the unbound ones and why."""
     pods = core.list_namespaced_pod(namespace).items
@@ -281,14 +291,8 @@ def test_a_pod_waiting_for_ledger_room_is_bound_soon_after_room_comes_back(
     body["metadata"]["annotations"]["headroom.dev/node"] = nodes["small"]
     core.create_namespaced_pod(namespace, body)
 
-    def unschedulable() -> None:
-        pod = core.read_namespaced_pod("patient", namespace)
-        found = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
-        assert found, "not tried yet"
-        assert found[0].reason == "Unschedulable", found[0]
-        assert "headroom: InsufficientRAM" in found[0].message
-
-    eventually(unschedulable, timeout=30)
+    message = eventually(lambda: unschedulable(core, namespace, "patient"), timeout=30)
+    assert "headroom: InsufficientRAM" in message
     time.sleep(2)  # past the scheduler's first, immediate retry
     rsv.delete(custom, namespace, "filler")
     released = time.monotonic()
@@ -328,12 +332,7 @@ def test_a_new_leader_nudges_the_pods_an_earlier_one_left_waiting_for_room(
         body["metadata"]["annotations"]["headroom.dev/node"] = nodes["small"]
         core.create_namespaced_pod(namespace, body)
 
-        def unschedulable() -> None:
-            pod = core.read_namespaced_pod("patient", namespace)
-            found = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
-            assert found and found[0].reason == "Unschedulable", found
-
-        eventually(unschedulable, timeout=30)
+        eventually(lambda: unschedulable(core, namespace, "patient"), timeout=30)
         first.stop()
         rsv.delete(custom, namespace, "filler")  # seen by no operator
         time.sleep(2)
