@@ -303,6 +303,68 @@ def test_a_pod_waiting_for_ledger_room_is_bound_soon_after_room_comes_back(
     assert "headroom.dev/room" in nudged
 
 
+def queued(api: client.ApiClient, namespace: str, name: str) -> int:
+    """The position of the pod's reservation in its node's queue (AssertionError until
+    it waits there)."""
+    try:
+        status = reservation_of(api, namespace, name).get("status") or {}
+    except client.ApiException as error:
+        raise AssertionError(f"no reservation for {name} yet: {error.status}") from error
+    assert status.get("phase") == "Queued", status
+    return int(status["queuePosition"])
+
+
+def headroom_condition(core: client.CoreV1Api, namespace: str, name: str) -> tuple[str, str]:
+    pod = core.read_namespaced_pod(name, namespace)
+    found = [c for c in pod.status.conditions or [] if c.type == "headroom.dev/Admitted"]
+    assert found, pod.status.conditions
+    return found[0].status, found[0].reason
+
+
+def test_pods_no_node_has_room_for_wait_in_the_ledgers_queue_in_turn_whatever_their_priority(
+    api: client.ApiClient, extender: Extender, pool: tuple[str, str, dict[str, str]]
+) -> None:
+    """A pod the ledger finds no room for waits in the ledger's queue of a node, in turn
+    with every other claim there, as a gated pod does. When room comes back the first in
+    line is admitted and bound; kube-scheduler's own order (priority first) would have
+    bound the later, more urgent one."""
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    scheduling = client.SchedulingV1Api(api)
+    namespace, label, nodes = pool
+    urgent = f"urgent-{label}"
+    scheduling.create_priority_class({"metadata": {"name": urgent}, "value": 1000})
+    try:
+        rsv.create(custom, namespace, "filler", nodes["small"], 7 * 1024)
+        for name, priority in (("first", None), ("second", urgent)):
+            body = claim_pod(name, label, "4Gi")
+            body["metadata"]["annotations"]["headroom.dev/node"] = nodes["small"]
+            if priority is not None:
+                body["spec"]["priorityClassName"] = priority
+            core.create_namespaced_pod(namespace, body)
+            eventually(lambda name=name: queued(api, namespace, name), timeout=30)
+        assert queued(api, namespace, "second") == 2
+        assert eventually(lambda: headroom_condition(core, namespace, "second")) == (
+            "False",
+            "Waiting",
+        )
+        rsv.delete(custom, namespace, "filler")
+        released = time.monotonic()
+        assert eventually(lambda: bound_to(core, namespace, "first"), timeout=30) == nodes["small"]
+        assert time.monotonic() - released < 10  # nudged, not the scheduler's flush
+        assert assert_bound_on_its_admission(api, namespace, "first") == nodes["small"]
+
+        def next_in_line() -> None:
+            assert queued(api, namespace, "second") == 1  # 3 GiB left: it waits on
+
+        eventually(next_in_line)
+        time.sleep(3)  # the scheduler tried it again meanwhile: still the ledger's turn
+        assert not core.read_namespaced_pod("second", namespace).spec.node_name
+        assert queued(api, namespace, "second") == 1
+    finally:
+        scheduling.delete_priority_class(urgent)
+
+
 def test_a_new_leader_nudges_the_pods_an_earlier_one_left_waiting_for_room(
     api: client.ApiClient,
     controllers_plane: ControlPlane,

@@ -9,7 +9,7 @@ from typing import Any
 from headroom.api.limits import Limits
 from headroom.api.reasons import Phase, Reason
 from headroom.api.selectors import LabelSelector
-from headroom.control.extender import MAX_SCORE, filter_nodes, prioritize
+from headroom.control.extender import MAX_SCORE, filter_nodes, prioritize, queue_node
 from headroom.control.state import Record, State
 from headroom.ledger.quotas import QuotaRules
 from headroom.objects.status import Decision
@@ -123,3 +123,37 @@ def test_a_quota_refusal_makes_the_pod_wait_on_room_anywhere() -> None:
     assert found.refused == {"g1": "headroom: QuotaExceeded"}
     assert found.for_quota
     assert not filter_nodes(nodes(a=1), pod("4Gi"), ["a"], T0).for_quota
+
+
+def test_a_pod_no_node_has_room_for_queues_on_the_policys_best_node_refused_for_room() -> None:
+    state = nodes(big=64, mid=32, small=8)
+    state.ledger.quotas.set_namespace("ml", {"team": "ml"})
+    rules = QuotaRules(
+        "cpu-only",
+        LabelSelector(match_labels={"team": "ml"}),
+        nodes=LabelSelector(match_labels={"pool": "cpu"}),
+    )
+    state.ledger.quotas.set_quota(rules)
+    names = ["big", "mid", "small", "gone"]
+    found = filter_nodes(state, pod("100Gi"), names, T0)
+    assert found.nodes == []
+    assert found.waitable == ["big", "mid", "small"]  # not gone: NodeUnknown
+    assert queue_node(state, pod("100Gi"), found, T0, binpack=False) == "big"
+    assert queue_node(state, pod("100Gi"), found, T0, binpack=True) == "small"
+    state.ledger.set_node_labels("big", {"pool": "gpu"})  # outside the quota's nodeSelector
+    found = filter_nodes(state, pod("100Gi"), names, T0)
+    assert "big" not in found.waitable
+    only_final = filter_nodes(state, pod("100Gi"), ["big"], T0)
+    assert queue_node(state, pod("100Gi"), only_final, T0, binpack=False) is None
+
+
+def test_a_pod_whose_own_wait_ran_out_in_the_queue_is_refused_everywhere() -> None:
+    state = nodes(big=64)
+    waited = pod("4Gi")
+    waited["metadata"]["annotations"]["headroom.dev/wait"] = "1m"
+    decision = Decision(Phase.REJECTED, Reason.WAIT_TIMEOUT, "waited 1m", T0)
+    own = Record("r1", "ml", "p", "big", decision, confirmed=True)
+    found = filter_nodes(state, waited, ["big"], T0, own=own)
+    assert (found.nodes, found.refused) == ([], {"big": "headroom: WaitTimeout"})
+    # Without a wait of its own (its quota's maxWait ran out), it is queued again.
+    assert filter_nodes(state, pod("4Gi"), ["big"], T0, own=own).nodes == ["big"]

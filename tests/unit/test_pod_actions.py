@@ -31,6 +31,7 @@ from headroom.control.podactions import (
     Later,
     LetGo,
     Nothing,
+    Nudge,
     PodAction,
     Reclaim,
     Replace,
@@ -61,6 +62,7 @@ def pod(
     node: str | None = None,
     pinned: bool = False,
     condition: str | None = None,
+    unschedulable: bool = False,
 ) -> JSON:
     annotations = {RAM_ANNOTATION: ram}
     if wait is not None:
@@ -75,6 +77,9 @@ def pod(
     status: JSON = {"phase": phase}
     if condition is not None:
         status["conditions"] = [{"type": CONDITION, "status": "False", "reason": condition}]
+    if unschedulable:  # kube-scheduler tried it and found no node
+        scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+        status["conditions"] = [*status.get("conditions", []), scheduled]
     return {
         "metadata": {
             "name": NAME,
@@ -318,6 +323,61 @@ ROWS = [
         Fence(replace(ADMITTED, changed_at=NOW - 61)),
         known(),
         replace(ADMITTED, changed_at=NOW - 61),
+    ),
+    Row(
+        "for kube-scheduler, its reservation in the ledger's queue -> says where it waits",
+        pod(gated=False, unschedulable=True),
+        Say("Waiting", f"waits for room on node {NODE} at position 2: because"),
+        known(),
+        record(Phase.QUEUED, Reason.INSUFFICIENT_RAM),
+    ),
+    Row(
+        "for kube-scheduler, admitted from the ledger's queue while it is unschedulable -> "
+        "nudged (the scheduler tries it now)",
+        pod(gated=False, unschedulable=True),
+        Nudge(replace(ADMITTED, changed_at=NOW - 20)),
+        known(),
+        replace(ADMITTED, changed_at=NOW - 20),
+    ),
+    Row(
+        "for kube-scheduler, admitted from the queue and nudged -> looks again when the grace "
+        "runs out",
+        pod(gated=False, unschedulable=True),
+        Later(40.0),
+        known(),
+        replace(ADMITTED, changed_at=NOW - 20),
+        {"nudged": RES_UID},
+    ),
+    Row(
+        "for kube-scheduler, refused from the queue, first seen -> says why, backs off",
+        pod(gated=False, unschedulable=True),
+        BackOff,
+        known(),
+        REFUSED,
+    ),
+    Row(
+        "for kube-scheduler, refused, its retry delay over -> nudged (its next filter queues "
+        "it again)",
+        pod(gated=False, unschedulable=True),
+        Nudge(REFUSED, Say(str(Reason.INSUFFICIENT_RAM), "because", "Warning")),
+        known(),
+        REFUSED,
+        {"refused": RES_UID},
+    ),
+    Row(
+        "for kube-scheduler, refused and nudged for it already -> nothing",
+        pod(gated=False, unschedulable=True),
+        Nothing(),
+        known(),
+        REFUSED,
+        {"refused": RES_UID, "nudged": RES_UID},
+    ),
+    Row(
+        "for kube-scheduler, its own wait ran out -> says why and stays (filter refuses it)",
+        pod(gated=False, wait="1m", unschedulable=True),
+        Say(str(Reason.WAIT_TIMEOUT), "because", "Warning"),
+        known(),
+        record(Phase.REJECTED, Reason.WAIT_TIMEOUT),
     ),
     Row(
         "ungated and pinned by the gate path, not bound yet -> no grace: it is pinned there",

@@ -19,12 +19,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from headroom.api.claims import is_claim_pod, pod_claim
+from headroom.api.claims import PodClaim, is_claim_pod, pod_claim
 from headroom.api.parse import InvalidValueError
+from headroom.api.reasons import Reason
 from headroom.control.placement import pod_probe
 from headroom.control.state import Record, State
 from headroom.kube.transport import JSON
-from headroom.ledger.decisions import QUOTA_REASONS
+from headroom.ledger.decisions import QUOTA_REASONS, WAITABLE
 
 #: kube-scheduler's MaxExtenderPriority (k8s.io/kube-scheduler extender/v1).
 MAX_SCORE = 10
@@ -36,6 +37,8 @@ class Filtered:
 
     nodes: list[str]
     refused: dict[str, str] = field(default_factory=dict)
+    #: Those refused for want of room (node, quota, or waiters ahead): a wait may end it.
+    waitable: list[str] = field(default_factory=list)
 
     def reasons(self) -> Counter[str]:
         return Counter(self.refused.values())
@@ -69,6 +72,8 @@ def filter_nodes(
         claim = pod_claim(pod)
     except InvalidValueError:
         return Filtered([], {name: "headroom: BadClaim" for name in names})
+    if own is not None and _own_wait_ran_out(own, claim):
+        return Filtered([], {name: "headroom: WaitTimeout" for name in names})
     probe = pod_probe(state, pod, claim, now)
     if own is not None and own.held:
         # Its own entry is in the ledger under its id: probed under that id, every other
@@ -76,6 +81,7 @@ def filter_nodes(
         probe.id = f"{probe.id} (elsewhere)"
     fits: list[str] = []
     refused: dict[str, str] = {}
+    waitable: list[str] = []
     for name in names:
         if claim.node is not None and name != claim.node:
             refused[name] = "headroom: NotTheNamedNode"  # its headroom.dev/node annotation
@@ -89,7 +95,32 @@ def filter_nodes(
             fits.append(name)
         else:
             refused[name] = f"headroom: {refusal[0]}"
-    return Filtered(fits, refused)
+            if refusal[0] in WAITABLE and refusal[0] is not Reason.NODE_UNKNOWN:
+                waitable.append(name)
+    return Filtered(fits, refused, waitable)
+
+
+def _own_wait_ran_out(own: Record, claim: PodClaim) -> bool:
+    """Its reservation waited in the ledger's queue as long as the pod asked
+    (``headroom.dev/wait``): it gives up, as a gated pod stays gated."""
+    decision = own.decision
+    return (
+        own.confirmed
+        and not own.held
+        and decision.reason == Reason.WAIT_TIMEOUT
+        and claim.wait is not None
+    )
+
+
+def queue_node(
+    state: State, pod: JSON, found: Filtered, now: datetime, *, binpack: bool
+) -> str | None:
+    """Where the pod waits in the ledger's queue when no node has room for it now: the
+    node policy's best of those refused for want of room (None: every refusal is final)."""
+    if not found.waitable:
+        return None
+    scores = prioritize(state, pod, found.waitable, now, binpack=binpack)
+    return max(sorted(found.waitable), key=lambda name: scores.get(name, 0))
 
 
 def prioritize(

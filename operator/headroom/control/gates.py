@@ -64,10 +64,11 @@ import logging
 import random
 from collections.abc import Callable
 
-from headroom.api.claims import PodClaim, is_claim_pod
+from headroom.api.claims import PodClaim, is_claim_pod, pod_claim
 from headroom.api.constants import OWNER_LABEL
+from headroom.api.parse import InvalidValueError
 from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
-from headroom.api.reasons import Reason
+from headroom.api.reasons import Phase, Reason
 from headroom.control.placement import choose_node
 from headroom.control.podactions import (
     BIND_GRACE,
@@ -81,6 +82,7 @@ from headroom.control.podactions import (
     Known,
     Later,
     LetGo,
+    Nudge,
     PodAction,
     Reclaim,
     Replace,
@@ -314,6 +316,10 @@ class Gates(PodCalls):
                 await self._ungate(key, seen, record)
             case Fence(record):
                 await self._fence(key, seen, record)
+            case Nudge(record, say):
+                if say is not None:
+                    self._say(seen, say.reason, say.message, say.kind)
+                await self._nudge(key, seen, record)
             case Expire(say):
                 seen.expired = True
                 self._say(seen, say.reason, say.message, say.kind)
@@ -392,6 +398,35 @@ class Gates(PodCalls):
             seen = ClaimPod(pod, uid)  # the watch has not shown it yet
         await self._label_owner(key, seen, self._call)
         return await self._make(key, seen, claim, node, self._call, wait=False)
+
+    async def queue(self, key: PodKey, pod: JSON, node: str) -> None:
+        """kube-scheduler found no node with room for the pod: its reservation waits in the
+        ledger's queue of ``node``, in turn with every other claim there (FIFO, strict or
+        best effort, quotas and their waits, as a gated pod's). Admitted, the pod is
+        nudged; refused, it says why and its next filter queues it again, at the back."""
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        if self.binding(key) or not self.started or not self._may_act():
+            return
+        try:
+            async with self.bind_lock(key):
+                seen = self._pods.get(key)
+                if seen is None or seen.uid != uid or bound_node(seen.obj) is not None:
+                    return  # the watch has not shown it yet, or it went: the next filter
+                claim = pod_claim(seen.obj)
+                known = self._reservations.get(key)
+                if known is not None:
+                    record = self._record(known, seen)
+                    if record is None or not record.confirmed or record.held:
+                        return  # undecided, another incarnation's, or admitted
+                    if record.decision.phase == Phase.QUEUED:
+                        return  # it waits already
+                    if record.decision.reason == Reason.WAIT_TIMEOUT and claim.wait is not None:
+                        return  # its own wait ran out: it gives up (filter refuses it)
+                    await self._replace(key, known.uid)  # refused: a new one, at the back
+                await self._label_owner(key, seen, self._call)
+                await self._make(key, seen, claim, node, self._call)
+        except (ApiError, ApiUnavailableError, DeposedError, InvalidValueError) as error:
+            log.debug("pod %s/%s not queued: %s", *key, error)  # its next filter tries again
 
     async def _label_owner(self, key: PodKey, seen: ClaimPod, call: Caller) -> None:
         if (seen.obj.get("metadata") or {}).get("labels", {}).get(OWNER_LABEL) == "true":

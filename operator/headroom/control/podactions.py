@@ -21,7 +21,14 @@ from headroom.api.reasons import Phase, Reason
 from headroom.control.state import Record
 from headroom.objects.nodeconstraints import NodeFacts, may_run_on
 from headroom.objects.podreservations import Booked, differences, for_another_claim
-from headroom.objects.pods import JSON, bound_node, condition_reason, is_finished, is_gated
+from headroom.objects.pods import (
+    JSON,
+    bound_node,
+    condition_reason,
+    is_finished,
+    is_gated,
+    unschedulable,
+)
 
 Kind = Literal["Normal", "Warning"]
 
@@ -53,6 +60,7 @@ class ClaimPod:
     node: str | None = None  # the node it was bound to
     ended: bool = False  # Succeeded or Failed
     expired: bool = False  # ran, and its reservation was reclaimed Expired: no other one
+    nudged: str = ""  # the uid of the reservation it was last nudged for (scheduler path)
 
 
 # -- the actions ---------------------------------------------------------------------------------
@@ -128,6 +136,16 @@ class Fence:
 
 
 @dataclass(frozen=True, slots=True)
+class Nudge:
+    """kube-scheduler left the pod unschedulable and the ledger has news for it: admitted
+    from the ledger's queue, or refused and its retry delay over (the next filter queues
+    it again). One write makes the scheduler try it now; once per reservation."""
+
+    record: Record
+    say: Say | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Expire:
     """Remember that the pod's lifetime ran out (it gets no other reservation), and say so."""
 
@@ -153,9 +171,9 @@ class Later:
 
 PodAction = (
     Nothing | Say | Condition | Reclaim | Replace | LetGo | Create | Ungate | Expire | BackOff
-) | (Later | Fence)
+) | (Later | Fence | Nudge)
 #: Actions that call the API; one that succeeds ends the pod's failure backoff.
-CALLS = (Replace, LetGo, Create, Ungate, Fence)
+CALLS = (Replace, LetGo, Create, Ungate, Fence, Nudge)
 #: How long a reservation admitted for kube-scheduler's choice waits for its Binding.
 BIND_GRACE = 60.0
 
@@ -216,6 +234,8 @@ def decide(
         left = record.changed_at + bind_grace - now
         if left <= 0:
             return Fence(record)
+        if unschedulable(pod) and seen.nudged != record.uid:
+            return Nudge(record)  # admitted from the ledger's queue: the scheduler tries it
         # Nothing written meanwhile: its Binding comes within milliseconds, and its
         # condition is written once it is bound (a write per pod fewer in a burst).
         return Later(left)
@@ -224,7 +244,22 @@ def decide(
             return Say("OverCommitted", record.decision.message, "Warning")
         # Written again whenever the pod's condition says otherwise.
         return Condition("Admitted", admitted_message(pod, record))
+    if record is not None and record.confirmed and bound_node(pod) is None:
+        return _waits_for_scheduler(seen, claim, record, now)
     return Nothing()
+
+
+def _waits_for_scheduler(seen: ClaimPod, claim: PodClaim, record: Record, now: float) -> PodAction:
+    """A pod kube-scheduler places, whose reservation from the ledger's queue waits or
+    was refused: it says so, as a gated pod does; refused, once its retry delay is over,
+    it is nudged, and the scheduler's next filter queues it again (its own wait run
+    out: it stays, and filter refuses it everywhere)."""
+    action = _refused(seen, claim, record, now)
+    if isinstance(action, Replace):
+        if seen.nudged == record.uid:
+            return Nothing()
+        return Nudge(record, action.say)
+    return action
 
 
 def _gated(

@@ -19,7 +19,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal
 
-from headroom.api.constants import CLAIM_LABEL, FENCE_ANNOTATION, SCHEDULING_GATE
+from headroom.api.constants import CLAIM_LABEL, FENCE_ANNOTATION, ROOM_ANNOTATION, SCHEDULING_GATE
 from headroom.api.paths import pod_path, reservation_path
 from headroom.api.reasons import Reason
 from headroom.api.refs import ObjectRef
@@ -288,6 +288,23 @@ class PodCalls:
                 "Warning",
             )
             await self._replace(key, record.uid)
+
+    async def _nudge(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
+        """One write on a pod kube-scheduler left unschedulable, so that it tries the pod
+        now: its reservation was admitted from the ledger's queue, or refused (its next
+        filter queues it again). Once per reservation."""
+        value = f"{record.uid}@{self._clock.now().isoformat()}"
+        try:
+            seen.obj = await self._call(
+                lambda: self._transport.json_patch(
+                    pod_path(*key), annotation_patch(seen.obj, ROOM_ANNOTATION, value)
+                )
+            )
+        except ApiError as error:
+            if not error.not_found:
+                raise
+        seen.nudged = record.uid
+        self._queue.add(key)  # then, admitted, the bind grace runs
 
     async def _fresh(self, key: PodKey) -> JSON | None:
         try:

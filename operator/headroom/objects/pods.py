@@ -66,15 +66,19 @@ def bound_node(pod: JSON) -> str | None:
     return node if isinstance(node, str) and node else None
 
 
-def unschedulable_for(pod: JSON, scheduler: str) -> bool:
-    """Whether ``scheduler`` tried the pod and left it unbound, found no node for it
-    (its ``PodScheduled`` condition: False, Unschedulable)."""
-    if (pod.get("spec") or {}).get("schedulerName") != scheduler or bound_node(pod) is not None:
-        return False
+def unschedulable(pod: JSON) -> bool:
+    """Whether kube-scheduler tried the pod and found no node (PodScheduled False,
+    Unschedulable): it tries again on a change of the pod, or after minutes."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if isinstance(condition, dict) and condition.get("type") == "PodScheduled":
             return condition.get("status") == "False" and condition.get("reason") == "Unschedulable"
     return False
+
+
+def unschedulable_for(pod: JSON, scheduler: str) -> bool:
+    """Whether ``scheduler`` tried the pod and left it unbound, finding no node for it."""
+    name = (pod.get("spec") or {}).get("schedulerName")
+    return name == scheduler and bound_node(pod) is None and unschedulable(pod)
 
 
 def placed_by_operator(pod: JSON, scheduler: str | None) -> bool:

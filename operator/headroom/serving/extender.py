@@ -5,6 +5,10 @@ tags: the field names as they are, ``Pod``, ``NodeNames``, ``FailedAndUnresolvab
 ``Host``, ``Score``). The scheduler is configured ``nodeCacheCapable: true``, so it
 sends node names, not Node objects.
 
+Filter reads the ledger and holds nothing; a pod it finds no node for is queued, after
+the answer, as a reservation that waits on the best node refused for want of room
+(:meth:`headroom.control.gates.Gates.queue`), so that pods wait in the ledger's queues.
+
 Only a leader whose ledger is rebuilt answers; any other replica answers 503, which
 kube-scheduler treats as an error and retries with backoff: the pod is never bound
 on an answer that did not come from the ledger. The 503 closes its connection, so the
@@ -25,8 +29,9 @@ from aiohttp import web
 
 from headroom.control.binder import BindCall, Binder
 from headroom.control.controller import Controller
-from headroom.control.extender import filter_nodes, prioritize
+from headroom.control.extender import filter_nodes, prioritize, queue_node
 from headroom.control.state import pod_key
+from headroom.control.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,7 @@ class ExtenderServer:
         self._deciding, self._binpack = deciding, binpack
         self._runner: web.AppRunner | None = None
         self._binder = Binder(controller.gates, controller.clock)
+        self._queueing = BackgroundTasks()
         self.port = port
 
     async def start(self) -> None:
@@ -64,6 +70,7 @@ class ExtenderServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        await self._queueing.stop()
 
     async def _args(self, request: web.Request) -> tuple[dict[str, Any], list[str]] | None:
         body = await request.json()
@@ -98,6 +105,9 @@ class ExtenderServer:
             self._controller.room_waiters.forget(key)
         elif names:  # the ledger refused every node the scheduler could use: it waits
             self._controller.room_waiters.waits(key, pod, names, anywhere=found.for_quota)
+            node = queue_node(self._controller.state, pod, found, now, binpack=self._binpack)
+            if node is not None:
+                self._queueing.spawn(self._controller.gates.queue(key, pod, node))
         return web.json_response(
             {"NodeNames": found.nodes, "FailedAndUnresolvableNodes": found.refused, "Error": ""}
         )
