@@ -270,6 +270,29 @@ class QuotaMachine(RuleBasedStateMachine):
 
     @rule(
         namespace=st.sampled_from(NAMESPACES),
+        ram=SIZES,
+        vram=SIZES,
+        expires=EXPIRIES,
+        strict=st.booleans(),
+        again=st.booleans(),
+    )
+    def refusals_over_many_nodes(
+        self, namespace: str, ram: int, vram: int, expires: int | None, strict: bool, again: bool
+    ) -> None:
+        """A scheduler's filter asks of many nodes at once: each answer is the one asked
+        alone, whatever the quotas' nodeSelectors (worked out once when none has one)."""
+        entry = self._entry(namespace, "home", ram, vram, expires, None)
+        if again and len(self.ledger):  # an id the ledger holds: DuplicateID everywhere
+            entry.id = next(iter(self.ledger.entries())).id
+        nodes = [*NODES, "ghost"]
+        many = self.ledger.refusals(entry, nodes, self.now, strict=strict)
+        assert entry.node == "home"
+        for node in nodes:
+            alone = self.ledger.refusal(replace(entry, node=node), self.now, strict=strict)
+            assert many[node] == alone, (node, many[node], alone)
+
+    @rule(
+        namespace=st.sampled_from(NAMESPACES),
         node=st.sampled_from((*NODES, "ghost")),
         ram=SIZES,
         vram=SIZES,

@@ -79,6 +79,9 @@ def filter_nodes(
         # Its own entry is in the ledger under its id: probed under that id, every other
         # node would say DuplicateID. (Moved there, the bind releases the one it holds.)
         probe.id = f"{probe.id} (elsewhere)"
+    held = own.node if own is not None and own.held else None
+    asked = [name for name in names if claim.node in (None, name) and name != held]
+    refusals = state.ledger.refusals(probe, asked, now, strict=strict)
     fits: list[str] = []
     refused: dict[str, str] = {}
     waitable: list[str] = []
@@ -86,11 +89,7 @@ def filter_nodes(
         if claim.node is not None and name != claim.node:
             refused[name] = "headroom: NotTheNamedNode"  # its headroom.dev/node annotation
             continue
-        if own is not None and own.held and own.node == name:
-            fits.append(name)
-            continue
-        probe.node = name
-        refusal = state.ledger.refusal(probe, now, strict=strict)
+        refusal = None if name == held else refusals[name]
         if refusal is None:
             fits.append(name)
         else:

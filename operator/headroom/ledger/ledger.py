@@ -262,7 +262,11 @@ class Ledger:
     ) -> tuple[tuple[Reason, str] | None, int]:
         """Why ``entry`` is refused now (waiters ahead under strict FIFO included), and how
         many of those waiters wait for the node's room (not only for their quota's)."""
-        refusal = self._refusal(entry, now)
+        return self._behind_waiters(entry, self._refusal(entry, now), strict)
+
+    def _behind_waiters(
+        self, entry: Entry, refusal: tuple[Reason, str] | None, strict: bool
+    ) -> tuple[tuple[Reason, str] | None, int]:
         for_room = for_quota = 0
         if strict:
             shares = partial(self.quotas.share, namespace_of(entry.id))
@@ -325,6 +329,33 @@ class Ledger:
         """Why ``entry`` would be refused now, or None if it fits (no change, no counter);
         ``strict``: as :meth:`reserve_or_wait` under strict FIFO, waiters ahead refuse it."""
         return self._admission_refusal(entry, now, strict)[0]
+
+    def refusals(
+        self, entry: Entry, nodes: Iterable[str], now: datetime, *, strict: bool = False
+    ) -> dict[str, tuple[Reason, str] | None]:
+        """:meth:`refusal` of ``entry`` on each of ``nodes``, each the same as asked alone
+        (``entry.node`` is left as it was). What does not depend on the node (the entry
+        itself; its quotas and the lifetime they give, unless one has a nodeSelector) is
+        worked out once: a scheduler's filter asks it of a thousand nodes per pod."""
+        home, out = entry.node, {}
+        before_node = self._entry_refusal(entry, now)
+        alike = self.quotas.node_independent(namespace_of(entry.id))
+        by_quota = self._quota_refusal(entry, now) if before_node is None and alike else None
+        try:
+            for node in nodes:
+                entry.node = node
+                state = self._nodes.get(node)
+                refusal = before_node
+                if refusal is None and (state is None or not state.known):
+                    refusal = _node_unknown(node)
+                elif refusal is None and state is not None:
+                    refusal = by_quota if alike else self._quota_refusal(entry, now)
+                    if refusal is None:
+                        refusal = state.room_refusal(entry)
+                out[node] = self._behind_waiters(entry, refusal, strict)[0]
+        finally:
+            entry.node = home
+        return out
 
     def admit_waiting(
         self,
@@ -435,7 +466,19 @@ class Ledger:
         return refused
 
     def _refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
-        node = entry.node
+        refusal = self._entry_refusal(entry, now)
+        if refusal is not None:
+            return refusal
+        state = self._nodes.get(entry.node)
+        if state is None or not state.known:
+            return _node_unknown(entry.node)
+        refusal = self._quota_refusal(entry, now)
+        if refusal is not None:
+            return refusal
+        return state.room_refusal(entry)
+
+    def _entry_refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
+        """What is wrong with the entry wherever it goes: its size, its id, its expiry."""
         if entry.ram_mb < 0 or entry.vram_mb < 0 or entry.ram_mb + entry.vram_mb == 0:
             return Reason.INVALID_SPEC, (
                 f"ramMB {entry.ram_mb} and vramMB {entry.vram_mb}: at least one must be above 0 "
@@ -447,11 +490,10 @@ class Ledger:
             return Reason.ALREADY_EXPIRED, (
                 f"expiresAt {entry.expires_at.isoformat()} is not after now ({now.isoformat()})"
             )
-        state = self._nodes.get(node)
-        if state is None or not state.known:
-            return Reason.NODE_UNKNOWN, (
-                f"node {node}: capacity unknown (no such Node, or it reports no memory)"
-            )
+        return None
+
+    def _quota_refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
+        """Why its namespace's quotas refuse it, or the lifetime they give ran out."""
         refused_by_quota = self.quotas.refusal(entry)
         if refused_by_quota is not None:
             return refused_by_quota
@@ -461,7 +503,7 @@ class Ledger:
                 f"the lifetime its quota gives ran out at {given.isoformat()} "
                 f"(now {now.isoformat()})"
             )
-        return state.room_refusal(entry)
+        return None
 
     def _give_expiry(self, entry: Entry) -> None:
         """An entry admitted without an expiry lives as long as its quota gives."""
@@ -686,3 +728,9 @@ class Ledger:
             active_mb=sum(s.reserved_ram_mb for s in self._nodes.values()),
             failures_by_reason=dict(self._failures),
         )
+
+
+def _node_unknown(node: str) -> tuple[Reason, str]:
+    return Reason.NODE_UNKNOWN, (
+        f"node {node}: capacity unknown (no such Node, or it reports no memory)"
+    )

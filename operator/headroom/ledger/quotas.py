@@ -312,6 +312,13 @@ class Quotas:
                 return refusal
         return None
 
+    def node_independent(self, namespace: str) -> bool:
+        """Whether :meth:`refusal` and :meth:`expiry` say the same on every node: no
+        valid quota of the namespace has a nodeSelector."""
+        return all(
+            rules.nodes is None or rules.invalid is not None for rules in self.governing(namespace)
+        )
+
     def final_refusal(self, entry: Entry) -> tuple[Reason, str] | None:
         """Why the namespace's quotas refuse ``entry`` for good, or None: its node is
         outside a nodeSelector, or it asks for a lifetime or a wait longer than allowed.
