@@ -129,6 +129,23 @@ async def placement_run(
         )
 
 
+async def summaries_written(client: KubeClient, count: int) -> None:
+    """Until the operator has written a NodeHeadroom for each of ``count`` nodes: a
+    thousand new nodes are a thousand creations, which would be timed with the pods."""
+    path = "/apis/headroom.dev/v1alpha1/nodeheadrooms"
+
+    async def written() -> int:
+        page = await client.request("GET", path, params={"limit": 1})
+        items, remaining = page.get("items") or [], page["metadata"].get("remainingItemCount")
+        return len(items) + int(remaining or 0)
+
+    deadline = time.monotonic() + 300
+    while await written() < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {count} NodeHeadrooms written in 300 s")
+        await asyncio.sleep(1)
+
+
 async def clear_pods(client: KubeClient, namespace: str) -> None:
     """Delete the run's pods at once (no kubelet would confirm a graceful deletion)."""
     path = ns_path_pods(namespace)
@@ -173,6 +190,7 @@ async def run(args: argparse.Namespace) -> JSON:
                 await make_nodes(core, size - made, f"b12-{size}")
                 made = size
                 await asyncio.sleep(2)  # the operator and schedulers see every node
+                await summaries_written(client, size)  # before the first run, not during it
                 results: dict[str, list[JSON]] = {"stock": [], "extender": [], "gate": []}
                 for round_ in range(rounds):
                     order = ["stock", "extender", "gate"]

@@ -79,15 +79,30 @@ def test_spread_prefers_the_most_ram_left_and_binpack_the_least() -> None:
     }
 
 
-def test_a_pod_holding_an_admission_may_still_be_offered_other_nodes() -> None:
-    """Its bind failed after the admission and its node no longer suits the scheduler:
-    the other nodes are judged on their room, not refused as a duplicate of its entry."""
-    state = nodes(a=64, b=64)
+def test_a_pod_holding_an_admission_is_bound_there_else_offered_other_nodes() -> None:
+    """Admitted on a node (from its queue, or at a bind that failed since): while the
+    scheduler finds that node feasible, it is the one node that passes; once it does not
+    (its CPU taken, say), the other nodes are judged on their room, not refused as a
+    duplicate of its entry."""
+    state = nodes(a=64, b=64, c=2)
     assert state.ledger.reserve(entry("ml/p", 4 * GIB, node="a"), T0).admitted
     decision = Decision(Phase.ADMITTED, Reason.FITS, "", T0)
     own = Record("r1", "ml", "p", "a", decision, confirmed=True)
     found = filter_nodes(state, pod("4Gi"), ["a", "b"], T0, own=own)
-    assert found.nodes == ["a", "b"], found.refused
+    assert found.nodes == ["a"]
+    assert found.refused == {"b": "headroom: AdmittedOnAnotherNode"}
+    found = filter_nodes(state, pod("4Gi"), ["b", "c"], T0, own=own)
+    assert found.nodes == ["b"], found.refused
+    assert found.refused == {"c": "headroom: InsufficientRAM"}
+
+
+def test_a_pod_waiting_in_a_nodes_queue_is_let_go_there_in_its_turn_only() -> None:
+    state = nodes(a=64, b=64)
+    decision = Decision(Phase.QUEUED, Reason.INSUFFICIENT_RAM, "", T0, position=2)
+    own = Record("r1", "ml", "p", "a", decision, confirmed=True)
+    found = filter_nodes(state, pod("4Gi"), ["a", "b"], T0, own=own)
+    assert found.nodes == ["b"]
+    assert found.refused == {"a": "headroom: Queued"}
 
 
 def test_a_pod_that_claims_nothing_is_the_schedulers_alone() -> None:
@@ -138,13 +153,19 @@ def test_a_pod_no_node_has_room_for_queues_on_the_policys_best_node_refused_for_
     found = filter_nodes(state, pod("100Gi"), names, T0)
     assert found.nodes == []
     assert found.waitable == ["big", "mid", "small"]  # not gone: NodeUnknown
-    assert queue_node(state, pod("100Gi"), found, T0, binpack=False) == "big"
-    assert queue_node(state, pod("100Gi"), found, T0, binpack=True) == "small"
+    assert queue_node(state, pod("100Gi"), found, T0) is None  # no node could ever hold it
+    assert state.ledger.reserve(entry("ml/x", 60 * GIB, node="big"), T0).admitted
+    assert state.ledger.reserve(entry("ml/y", 30 * GIB, node="mid"), T0).admitted
+    found = filter_nodes(state, pod("16Gi"), names, T0)
+    assert (found.nodes, found.waitable) == ([], ["big", "mid", "small"])
+    # The most room now (big: 4 GiB, mid: 2 GiB) among those that could hold it (not small).
+    assert queue_node(state, pod("16Gi"), found, T0) == "big"
+    found = filter_nodes(state, pod("40Gi"), names, T0)
+    assert queue_node(state, pod("40Gi"), found, T0) == "big"  # mid could never hold it
     state.ledger.set_node_labels("big", {"pool": "gpu"})  # outside the quota's nodeSelector
-    found = filter_nodes(state, pod("100Gi"), names, T0)
-    assert "big" not in found.waitable
-    only_final = filter_nodes(state, pod("100Gi"), ["big"], T0)
-    assert queue_node(state, pod("100Gi"), only_final, T0, binpack=False) is None
+    found = filter_nodes(state, pod("40Gi"), names, T0)
+    assert found.waitable == ["mid", "small"]
+    assert queue_node(state, pod("40Gi"), found, T0) is None
 
 
 def test_a_pod_whose_own_wait_ran_out_in_the_queue_is_refused_everywhere() -> None:

@@ -94,10 +94,17 @@ def pod(
 
 
 def known(
-    *, node: str = NODE, ram_mb: int = 1024, pod_uid: str = POD_UID, owner_pod: str = NAME
+    *,
+    node: str = NODE,
+    ram_mb: int = 1024,
+    pod_uid: str = POD_UID,
+    owner_pod: str = NAME,
+    waits: bool = False,
 ) -> Known:
+    """``waits``: made with a ``spec.wait`` (a queue's, not a bind's)."""
     claim = pod_claim(pod())
-    return Known(RES_UID, pod_uid, Booked(node, ram_mb, 0, claim.gpus, owner_pod, "Pod"))
+    book = Booked(node, ram_mb, 0, claim.gpus, owner_pod, "Pod", waits=waits)
+    return Known(RES_UID, pod_uid, book)
 
 
 def record(
@@ -328,15 +335,18 @@ ROWS = [
         "for kube-scheduler, its reservation in the ledger's queue -> says where it waits",
         pod(gated=False, unschedulable=True),
         Say("Waiting", f"waits for room on node {NODE} at position 2: because"),
-        known(),
+        known(waits=True),
         record(Phase.QUEUED, Reason.INSUFFICIENT_RAM),
     ),
     Row(
         "for kube-scheduler, admitted from the ledger's queue while it is unschedulable -> "
         "nudged (the scheduler tries it now)",
         pod(gated=False, unschedulable=True),
-        Nudge(replace(ADMITTED, changed_at=NOW - 20)),
-        known(),
+        Nudge(
+            replace(ADMITTED, changed_at=NOW - 20),
+            Say("Admitted", f"admitted on node {NODE} from its queue; kube-scheduler binds it"),
+        ),
+        known(waits=True),
         replace(ADMITTED, changed_at=NOW - 20),
     ),
     Row(
@@ -344,7 +354,7 @@ ROWS = [
         "runs out",
         pod(gated=False, unschedulable=True),
         Later(40.0),
-        known(),
+        known(waits=True),
         replace(ADMITTED, changed_at=NOW - 20),
         {"nudged": RES_UID},
     ),
@@ -352,7 +362,7 @@ ROWS = [
         "for kube-scheduler, refused from the queue, first seen -> says why, backs off",
         pod(gated=False, unschedulable=True),
         BackOff,
-        known(),
+        known(waits=True),
         REFUSED,
     ),
     Row(
@@ -360,7 +370,7 @@ ROWS = [
         "it again)",
         pod(gated=False, unschedulable=True),
         Nudge(REFUSED, Say(str(Reason.INSUFFICIENT_RAM), "because", "Warning")),
-        known(),
+        known(waits=True),
         REFUSED,
         {"refused": RES_UID},
     ),
@@ -368,7 +378,7 @@ ROWS = [
         "for kube-scheduler, refused and nudged for it already -> nothing",
         pod(gated=False, unschedulable=True),
         Nothing(),
-        known(),
+        known(waits=True),
         REFUSED,
         {"refused": RES_UID, "nudged": RES_UID},
     ),
@@ -376,8 +386,23 @@ ROWS = [
         "for kube-scheduler, its own wait ran out -> says why and stays (filter refuses it)",
         pod(gated=False, wait="1m", unschedulable=True),
         Say(str(Reason.WAIT_TIMEOUT), "because", "Warning"),
-        known(),
+        known(waits=True),
         record(Phase.REJECTED, Reason.WAIT_TIMEOUT),
+    ),
+    Row(
+        "admitted at kube-scheduler's bind (no wait), unschedulable once, the watch behind its "
+        "Binding -> no nudge: its Binding is on its way",
+        pod(gated=False, unschedulable=True),
+        Later(40.0),
+        known(),
+        replace(ADMITTED, changed_at=NOW - 20),
+    ),
+    Row(
+        "refused at kube-scheduler's bind (no wait) -> nothing: the scheduler's backoff retries",
+        pod(gated=False, unschedulable=True),
+        Nothing(),
+        known(),
+        REFUSED,
     ),
     Row(
         "ungated and pinned by the gate path, not bound yet -> no grace: it is pinned there",

@@ -23,6 +23,7 @@ import os
 import random
 import uuid
 from collections.abc import Callable, Coroutine
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from headroom.api.config import OperatorConfig
@@ -42,7 +43,7 @@ from headroom.control.reconcile import Reconciler
 from headroom.control.resourceclaims import ResourceClaims
 from headroom.control.roomwaiters import RoomWaiters
 from headroom.control.slices import Slices
-from headroom.control.state import State
+from headroom.control.state import State, pod_key
 from headroom.control.summaries import Summaries
 from headroom.control.supervisor import Supervisor
 from headroom.control.telemetry import NoTelemetry, Telemetry
@@ -164,9 +165,7 @@ class Controller:
         self.room_waiters = RoomWaiters(
             transport,
             self.clock,
-            fits=lambda pod, names, now: (
-                filter_nodes(state, pod, names, now, strict=config.queueing.strict).nodes
-            ),
+            fits=self._filtered,
             may_act=may_act,
         )
         self.admission = Admission(
@@ -252,6 +251,13 @@ class Controller:
         )
 
     # -- life cycle ------------------------------------------------------------------------
+
+    def _filtered(self, pod: JSON, names: list[str], now: datetime) -> list[str]:
+        """The nodes among ``names`` the extender's filter would pass for ``pod`` now."""
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        own = self.gates.record_of(pod_key(pod), uid)
+        strict = self.config.queueing.strict
+        return filter_nodes(self.state, pod, names, now, own=own, strict=strict).nodes
 
     async def start(self) -> None:
         """Rebuild from the API, then start deciding. Ready only after both."""

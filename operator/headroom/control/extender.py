@@ -21,7 +21,7 @@ from datetime import datetime
 
 from headroom.api.claims import PodClaim, is_claim_pod, pod_claim
 from headroom.api.parse import InvalidValueError
-from headroom.api.reasons import Reason
+from headroom.api.reasons import Phase, Reason
 from headroom.control.placement import pod_probe
 from headroom.control.state import Record, State
 from headroom.kube.transport import JSON
@@ -44,6 +44,13 @@ class Filtered:
         return Counter(self.refused.values())
 
     @property
+    def gave_up(self) -> bool:
+        """Its own wait ran out in a queue: it waits for nothing any more."""
+        return bool(self.refused) and all(
+            reason == "headroom: WaitTimeout" for reason in self.refused.values()
+        )
+
+    @property
     def for_quota(self) -> bool:
         """Whether a quota refused the pod somewhere: room its quota gets back may come on
         any node (a release elsewhere), not only on those refused for their own room."""
@@ -63,8 +70,10 @@ def filter_nodes(
     """Which of ``names`` have room for ``pod``'s claim now, as the ledger would decide it
     (room, devices, entry cap, the pod's quotas: their node selectors, lifetimes, waits
     and room; and under ``strict`` FIFO, the reservations waiting ahead on the node, as
-    the decider's). ``own``: the pod's reservation, if it has one already (a bind that
-    failed after its admission): its node has room for it, it holds it. A pod that claims
+    the decider's). ``own``: the pod's reservation, if it has one already: admitted (from
+    its queue, or at a bind that failed since), its node is the only one that passes, if
+    the scheduler still finds it feasible; waiting in a node's queue, that node is its
+    queue's to give (``Queued``), the others are judged on their room. A pod that claims
     nothing is the scheduler's alone: every node passes."""
     if not is_claim_pod(pod):
         return Filtered(list(names))
@@ -74,13 +83,17 @@ def filter_nodes(
         return Filtered([], {name: "headroom: BadClaim" for name in names})
     if own is not None and _own_wait_ran_out(own, claim):
         return Filtered([], {name: "headroom: WaitTimeout" for name in names})
+    held = own.node if own is not None and own.held else None
+    if held is not None and held in names:  # its turn came there: bound there, not moved
+        others = {name: "headroom: AdmittedOnAnotherNode" for name in names if name != held}
+        return Filtered([held], others)
+    queued = own.node if own is not None and own.decision.phase == Phase.QUEUED else None
     probe = pod_probe(state, pod, claim, now)
-    if own is not None and own.held:
+    if held is not None:
         # Its own entry is in the ledger under its id: probed under that id, every other
         # node would say DuplicateID. (Moved there, the bind releases the one it holds.)
         probe.id = f"{probe.id} (elsewhere)"
-    held = own.node if own is not None and own.held else None
-    asked = [name for name in names if claim.node in (None, name) and name != held]
+    asked = [name for name in names if claim.node in (None, name) and name != queued]
     refusals = state.ledger.refusals(probe, asked, now, strict=strict)
     fits: list[str] = []
     refused: dict[str, str] = {}
@@ -89,7 +102,10 @@ def filter_nodes(
         if claim.node is not None and name != claim.node:
             refused[name] = "headroom: NotTheNamedNode"  # its headroom.dev/node annotation
             continue
-        refusal = None if name == held else refusals[name]
+        if name == queued:
+            refused[name] = "headroom: Queued"  # admitted there in its turn, then nudged
+            continue
+        refusal = refusals[name]
         if refusal is None:
             fits.append(name)
         else:
@@ -111,15 +127,23 @@ def _own_wait_ran_out(own: Record, claim: PodClaim) -> bool:
     )
 
 
-def queue_node(
-    state: State, pod: JSON, found: Filtered, now: datetime, *, binpack: bool
-) -> str | None:
-    """Where the pod waits in the ledger's queue when no node has room for it now: the
-    node policy's best of those refused for want of room (None: every refusal is final)."""
-    if not found.waitable:
+def queue_node(state: State, pod: JSON, found: Filtered, now: datetime) -> str | None:
+    """Where the pod waits in the ledger's queue when no node has room for it now: of the
+    nodes refused for want of room that could hold it once their claims went, the one
+    with the most room now (None: none; every refusal is final, or it is too big)."""
+    try:
+        probe = pod_probe(state, pod, pod_claim(pod), now)
+    except InvalidValueError:
         return None
-    scores = prioritize(state, pod, found.waitable, now, binpack=binpack)
-    return max(sorted(found.waitable), key=lambda name: scores.get(name, 0))
+    candidates = []
+    for name in sorted(found.waitable):
+        probe.node = name
+        if state.ledger.could_hold(probe):
+            candidates.append(name)
+    if not candidates:
+        return None
+    scores = prioritize(state, pod, candidates, now)
+    return max(candidates, key=lambda name: scores.get(name, 0))
 
 
 def prioritize(

@@ -60,6 +60,7 @@ this pod incarnation's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -103,6 +104,7 @@ from headroom.objects.pods import (
     is_gated,
     owning_pod_uid,
     pod_reservation,
+    pod_wait,
     unschedulable_for,
 )
 
@@ -112,6 +114,7 @@ log = logging.getLogger(__name__)
 CLAIM_SELECTOR = None
 _RETRY_FIRST, _RETRY_CAP = 10.0, 300.0  # a new reservation after a refusal, per pod
 _AFTER_BIND = 0.5  # seconds: a pod kube-scheduler's bind holds is looked at again after
+_GONE_WITHIN = 5.0  # seconds a queue waits to see the reservation it replaced gone
 
 
 def _created(pod: JSON) -> str:
@@ -166,11 +169,13 @@ class Gates(PodCalls):
         return sum(1 for pod in self._pods.values() if is_gated(pod.obj))
 
     def unschedulable_for(self, scheduler: str) -> list[tuple[PodKey, JSON]]:
-        """Claim pods ``scheduler`` left unbound, finding no node for them."""
+        """Claim pods ``scheduler`` left unbound, finding no node for them, that have no
+        reservation (one that has waits in the ledger's queue, and is nudged from there)."""
         return [
             (key, pod.obj)
             for key, pod in self._pods.items()
             if unschedulable_for(pod.obj, scheduler)
+            and self._record(self._reservations.get(key), pod) is None
         ]
 
     def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
@@ -399,34 +404,56 @@ class Gates(PodCalls):
         await self._label_owner(key, seen, self._call)
         return await self._make(key, seen, claim, node, self._call, wait=False)
 
-    async def queue(self, key: PodKey, pod: JSON, node: str) -> None:
-        """kube-scheduler found no node with room for the pod: its reservation waits in the
-        ledger's queue of ``node``, in turn with every other claim there (FIFO, strict or
-        best effort, quotas and their waits, as a gated pod's). Admitted, the pod is
-        nudged; refused, it says why and its next filter queues it again, at the back."""
+    async def queue(self, key: PodKey, pod: JSON, node: str, feasible: list[str]) -> None:
+        """kube-scheduler found no node with room for the pod among ``feasible``: its
+        reservation waits in the ledger's queue of ``node``, in turn with every other claim
+        there (FIFO, strict or best effort, quotas and their waits, as a gated pod's).
+        Admitted, the pod is nudged; refused, it says why and, once its retry delay is
+        over, its next filter queues it again, at the back."""
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         if self.binding(key) or not self.started or not self._may_act():
             return
         try:
             async with self.bind_lock(key):
                 seen = self._pods.get(key)
-                if seen is None or seen.uid != uid or bound_node(seen.obj) is not None:
-                    return  # the watch has not shown it yet, or it went: the next filter
+                if seen is None or seen.uid != uid:
+                    seen = ClaimPod(pod, uid)  # the watch has not shown it yet
+                if bound_node(seen.obj) is not None or is_finished(seen.obj):
+                    return
                 claim = pod_claim(seen.obj)
+                if pod_wait(claim, self._state.ledger.quotas.max_wait(key[0])) is None:
+                    return  # its quotas let it wait for nothing (a maxWait under a second)
                 known = self._reservations.get(key)
                 if known is not None:
-                    record = self._record(known, seen)
-                    if record is None or not record.confirmed or record.held:
-                        return  # undecided, another incarnation's, or admitted
-                    if record.decision.phase == Phase.QUEUED:
-                        return  # it waits already
-                    if record.decision.reason == Reason.WAIT_TIMEOUT and claim.wait is not None:
-                        return  # its own wait ran out: it gives up (filter refuses it)
-                    await self._replace(key, known.uid)  # refused: a new one, at the back
+                    if not self._requeue(known, seen, claim, feasible):
+                        return
+                    await self._replace(key, known.uid)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(_GONE_WITHIN):
+                            while self.holds(known.uid):  # one entry per pod in the ledger
+                                await self.released(known.uid)
+                    if self.holds(known.uid):
+                        return  # its deletion not seen yet: the next filter queues it
                 await self._label_owner(key, seen, self._call)
                 await self._make(key, seen, claim, node, self._call)
         except (ApiError, ApiUnavailableError, DeposedError, InvalidValueError) as error:
-            log.debug("pod %s/%s not queued: %s", *key, error)  # its next filter tries again
+            log.warning("pod %s/%s not queued for node %s: %s", *key, node, error)
+
+    def _requeue(self, known: Known, seen: ClaimPod, claim: PodClaim, feasible: list[str]) -> bool:
+        """Whether the pod's reservation ``known`` is to be replaced by one in a queue now:
+        one made at a bind and refused; one that waited and was refused, once the pod's
+        retry delay is over (not if its own wait ran out: it gives up); one that waits
+        on a node the scheduler no longer finds feasible (cordoned, its CPU taken)."""
+        record = self._record(known, seen)
+        if record is None or not record.confirmed or record.held:
+            return False  # undecided, another incarnation's, or admitted
+        if record.decision.phase == Phase.QUEUED:
+            return known.book.node not in feasible
+        if not known.book.waits:
+            return True
+        if record.decision.reason == Reason.WAIT_TIMEOUT and claim.wait is not None:
+            return False
+        return seen.refused == known.uid and seen.retry_after <= self._clock.monotonic()
 
     async def _label_owner(self, key: PodKey, seen: ClaimPod, call: Caller) -> None:
         if (seen.obj.get("metadata") or {}).get("labels", {}).get(OWNER_LABEL) == "true":

@@ -234,8 +234,11 @@ def decide(
         left = record.changed_at + bind_grace - now
         if left <= 0:
             return Fence(record)
-        if unschedulable(pod) and seen.nudged != record.uid:
-            return Nudge(record)  # admitted from the ledger's queue: the scheduler tries it
+        if known is not None and known.book.waits and seen.nudged != record.uid:
+            # Admitted from the ledger's queue (one made at a bind has no wait, and its
+            # Binding is on its way): the scheduler is told to try the pod now.
+            admitted = f"admitted on node {record.node} from its queue; kube-scheduler binds it"
+            return Nudge(record, Say("Admitted", admitted))
         # Nothing written meanwhile: its Binding comes within milliseconds, and its
         # condition is written once it is bound (a write per pod fewer in a burst).
         return Later(left)
@@ -244,7 +247,8 @@ def decide(
             return Say("OverCommitted", record.decision.message, "Warning")
         # Written again whenever the pod's condition says otherwise.
         return Condition("Admitted", admitted_message(pod, record))
-    if record is not None and record.confirmed and bound_node(pod) is None:
+    made_to_wait = known is not None and known.book.waits  # by the extender's filter
+    if made_to_wait and record is not None and record.confirmed and bound_node(pod) is None:
         return _waits_for_scheduler(seen, claim, record, now)
     return Nothing()
 
@@ -256,7 +260,7 @@ def _waits_for_scheduler(seen: ClaimPod, claim: PodClaim, record: Record, now: f
     out: it stays, and filter refuses it everywhere)."""
     action = _refused(seen, claim, record, now)
     if isinstance(action, Replace):
-        if seen.nudged == record.uid:
+        if seen.nudged == record.uid or not unschedulable(seen.obj):
             return Nothing()
         return Nudge(record, action.say)
     return action

@@ -174,7 +174,8 @@ class Summaries:
                 except ApiError as error:
                     if not error.not_found:
                         raise
-                    await self._create(node)
+                    if await self._create(node, labels):
+                        self._written_labels[node] = labels  # created with them
                     await self._transport.merge_patch(path, body)
                 if self._written_labels.get(node) != labels:
                     await self._write_labels(node, labels)
@@ -194,7 +195,8 @@ class Summaries:
         patch.update(labels)
         await self._transport.merge_patch(node_headroom_path(node), {"metadata": {"labels": patch}})
 
-    async def _create(self, node: str) -> None:
+    async def _create(self, node: str, labels: dict[str, str]) -> bool:
+        """Create the node's NodeHeadroom with ``labels``; False if it exists already."""
         owner = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -207,7 +209,7 @@ class Summaries:
             "metadata": {
                 "name": node,
                 "ownerReferences": [owner],
-                "labels": self._state.node_labels.get(node, {}),
+                "labels": labels,
             },
         }
         try:
@@ -215,6 +217,8 @@ class Summaries:
         except ApiError as error:
             if not error.conflict:
                 raise
+            return False
+        return True
 
     async def delete(self, node: str) -> None:
         """A Node went away: its NodeHeadroom goes too (no garbage collector is assumed)."""

@@ -314,6 +314,12 @@ class Ledger:
             True, Reason.OVER_COMMITTED, f"already running there, over the limit: {message}", entry
         )
 
+    def could_hold(self, entry: Entry) -> bool:
+        """Whether ``entry.node`` would have room for ``entry`` once its other claims
+        went (:meth:`NodeState.could_hold`); a node the ledger does not know: no."""
+        state = self._nodes.get(entry.node)
+        return state is not None and state.known and state.could_hold(entry)
+
     def room_refusal(self, entry: Entry) -> tuple[Reason, str] | None:
         """Why ``entry.node`` has no room for ``entry`` now (its entry cap, RAM, VRAM, and
         devices after what is held outside Headroom), or None; its quotas are not asked.

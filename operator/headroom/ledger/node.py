@@ -195,6 +195,16 @@ class NodeState:
             self.devices or (), self.device_held, self.limits.max_vram_overcommit_ratio
         )
 
+    def could_hold(self, entry: Entry) -> bool:
+        """Whether ``entry`` would fit were nothing reserved on the node: within its RAM
+        and VRAM limits as they are now (devices one by one are not asked)."""
+        if self.limits.max_entries_per_node < 1:
+            return False
+        limit, vram_limit = self.limit_ram_mb(), self.limit_vram_mb()
+        if entry.ram_mb and limit is not None and entry.ram_mb > limit:
+            return False
+        return not (entry.vram_mb and vram_limit is not None and entry.vram_mb > vram_limit)
+
     def room_refusal(self, entry: Entry) -> tuple[Reason, str] | None:
         """Why the node has no room for ``entry`` now (its capacity is known), with the
         numbers; None when it fits. Changes nothing."""

@@ -30,6 +30,7 @@ class Booked:
     gpus: object
     owner_pod: object
     liveness: object
+    waits: bool = False  # it has a spec.wait: made to wait in a queue (not at a bind)
 
 
 def booked(reservation: JSON) -> Booked:
@@ -42,6 +43,7 @@ def booked(reservation: JSON) -> Booked:
         gpus=spec.get("gpus"),
         owner_pod=owner.get("pod") if isinstance(owner, dict) else None,
         liveness=spec.get("liveness"),
+        waits=spec.get("wait") is not None,
     )
 
 

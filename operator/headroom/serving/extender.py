@@ -101,13 +101,13 @@ class ExtenderServer:
         now = self._controller.clock.now()
         strict = self._controller.config.queueing.strict
         found = filter_nodes(self._controller.state, pod, names, now, own=own, strict=strict)
-        if found.nodes:
+        if found.nodes or found.gave_up:
             self._controller.room_waiters.forget(key)
         elif names:  # the ledger refused every node the scheduler could use: it waits
             self._controller.room_waiters.waits(key, pod, names, anywhere=found.for_quota)
-            node = queue_node(self._controller.state, pod, found, now, binpack=self._binpack)
+            node = queue_node(self._controller.state, pod, found, now)
             if node is not None:
-                self._queueing.spawn(self._controller.gates.queue(key, pod, node))
+                self._queueing.spawn(self._controller.gates.queue(key, pod, node, names))
         return web.json_response(
             {"NodeNames": found.nodes, "FailedAndUnresolvableNodes": found.refused, "Error": ""}
         )
