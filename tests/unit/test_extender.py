@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
 from headroom.api.reasons import Phase, Reason
 from headroom.api.selectors import LabelSelector
@@ -178,3 +179,23 @@ def test_a_pod_whose_own_wait_ran_out_in_the_queue_is_refused_everywhere() -> No
     assert (found.nodes, found.refused) == ([], {"big": "headroom: WaitTimeout"})
     # Without a wait of its own (its quota's maxWait ran out), it is queued again.
     assert filter_nodes(state, pod("4Gi"), ["big"], T0, own=own).nodes == ["big"]
+
+
+def test_a_pod_never_queues_on_a_node_whose_gpus_could_never_hold_its_claim() -> None:
+    """Two GPUs of 16 GiB: a claim over four GPUs, or of 20 GiB on one, fits the node's
+    VRAM in sum but never its devices; waiting there would be for nothing (and, under
+    strict FIFO, would hold back every claim behind it)."""
+    state = State(Limits(system_reserve_mb=0))
+    state.ledger.set_node_capacity("g1", 64 * GIB, 32 * GIB)
+    devices = tuple(GpuDevice(f"GPU-{i}", 16 * GIB, ref=f"d/g1/{i}") for i in range(2))
+    state.ledger.set_node_devices("g1", devices)
+    held = entry("ml/x", 1, node="g1", vram=30 * GIB)
+    held.gpus = 2
+    assert state.ledger.reserve(held, T0).admitted
+    for vram, gpus in (("8Gi", "4"), ("20Gi", "1"), ("16Gi", "2")):
+        claim = pod("1Gi")
+        claim["metadata"]["annotations"] |= {"headroom.dev/vram": vram, "headroom.dev/gpus": gpus}
+        found = filter_nodes(state, claim, ["g1"], T0)
+        assert found.waitable == ["g1"], found.refused
+        fits_once_free = gpus == "2"
+        assert (queue_node(state, claim, found, T0) == "g1") is fits_once_free, (vram, gpus)

@@ -405,6 +405,14 @@ ROWS = [
         REFUSED,
     ),
     Row(
+        "ungated and pinned by the gate path, its reservation refused since -> not the "
+        "scheduler path's: nothing",
+        pod(gated=False, pinned=True, unschedulable=True),
+        Nothing(),
+        known(waits=True),
+        REFUSED,
+    ),
+    Row(
         "ungated and pinned by the gate path, not bound yet -> no grace: it is pinned there",
         pod(gated=False, pinned=True),
         Condition("Admitted", f"pinned to node {NODE}; reservation {NAME}"),

@@ -24,7 +24,7 @@ RESERVATIONS = f"/apis/headroom.dev/v1alpha1/namespaces/{NS}/reservations"
 UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
 
 
-def waiting_pod(server: FakeApiServer, ram: str) -> JSON:
+def waiting_pod(server: FakeApiServer, ram: str, selector: dict[str, str] | None = None) -> JSON:
     """A claim pod kube-scheduler tried and left unschedulable."""
     body = {
         "metadata": {
@@ -34,6 +34,8 @@ def waiting_pod(server: FakeApiServer, ram: str) -> JSON:
         },
         "spec": {"schedulerName": "headroom", "containers": [{"name": "c"}]},
     }
+    if selector is not None:
+        body["spec"]["nodeSelector"] = selector
     pod = server.create(PODS, body)
     pod["status"] = {"phase": "Pending", "conditions": [UNSCHEDULABLE]}
     return pod
@@ -60,12 +62,12 @@ def test_a_pod_with_no_room_waits_in_a_nodes_queue_and_is_nudged_when_admitted()
         pod = waiting_pod(server, "4Gi")
         controller.gates.on_pod("ADDED", pod)
         controller.owners.on_pod("ADDED", pod)
-        await controller.gates.queue(("ml", "p"), pod, "n1", ["n1"])
+        await controller.gates.queue(("ml", "p"), pod, "n1")
         await deliver_reservations(server, controller)
         mine = next(r for r in server.reservations(NS) if r["metadata"]["name"] == "p")
         assert mine["spec"]["wait"], mine["spec"]
         assert (mine["status"]["phase"], mine["status"]["queuePosition"]) == ("Queued", 1)
-        await controller.gates.queue(("ml", "p"), pod, "n1", ["n1"])  # again: nothing new
+        await controller.gates.queue(("ml", "p"), pod, "n1")  # again: nothing new
         assert len(server.reservations(NS)) == 2
         assert ROOM_ANNOTATION not in server.get(f"{PODS}/p")["metadata"]["annotations"]
         server.delete(f"{RESERVATIONS}/filler")
@@ -82,33 +84,53 @@ def test_a_pod_with_no_room_waits_in_a_nodes_queue_and_is_nudged_when_admitted()
     run_virtual(scenario(), max_virtual_seconds=600)
 
 
-def test_a_pod_waiting_on_a_node_the_scheduler_no_longer_finds_feasible_waits_elsewhere() -> None:
+def test_a_waiter_whose_node_no_longer_suits_it_or_whose_claim_changed_waits_anew() -> None:
+    """Moved off a node it may no longer run on (relabelled, cordoned), as the gate path's
+    NodeUnsuitable; made again for a claim edited while it waited. Not moved for a filter
+    call that did not name its node (a nominated node's call names only that one)."""
+
     async def scenario() -> None:
         server = FakeApiServer(seed=5)
         server.ensure_namespace(NS)
         for node in ("n1", "n2"):
-            server.put_node(node, memory=8192)
+            server.put_node(node, memory=8192, labels={"pool": "a"})
             server.create(RESERVATIONS, reservation(f"fill-{node}", node, 7000))
         controller = await started(server)
+        for node in ("n1", "n2"):
+            controller.nodes.on_node("ADDED", server.get(f"/api/v1/nodes/{node}"))
         await deliver_reservations(server, controller)
-        pod = waiting_pod(server, "4Gi")
+        pod = waiting_pod(server, "4Gi", selector={"pool": "a"})
         controller.gates.on_pod("ADDED", pod)
         controller.owners.on_pod("ADDED", pod)
-        await controller.gates.queue(("ml", "p"), pod, "n1", ["n1", "n2"])
-        await deliver_reservations(server, controller)
-        first = server.get(f"{RESERVATIONS}/p")
-        assert first is not None
-        assert first["spec"]["node"] == "n1"
-        # n1 cordoned, say: the scheduler passes only n2 to filter now.
-        queued = asyncio.create_task(controller.gates.queue(("ml", "p"), pod, "n2", ["n2"]))
-        await asyncio.sleep(1)
-        assert server.get(f"{RESERVATIONS}/p") is None  # deleted; made again once seen gone
-        controller.on_reservation("DELETED", first)
-        await queued
-        await deliver_reservations(server, controller)
-        mine = server.get(f"{RESERVATIONS}/p")
-        assert mine is not None
-        assert (mine["spec"]["node"], mine["status"]["phase"]) == ("n2", "Queued")
+        key = ("ml", "p")
+
+        async def queue_and_see(node: str) -> JSON:
+            old = server.get(f"{RESERVATIONS}/p")
+            task = asyncio.create_task(controller.gates.queue(key, pod, node))
+            await asyncio.sleep(1)
+            if old is not None and server.get(f"{RESERVATIONS}/p") is None:
+                controller.on_reservation("DELETED", old)  # as the watch says it
+            await task
+            await deliver_reservations(server, controller)
+            found = server.get(f"{RESERVATIONS}/p")
+            assert found is not None
+            return found
+
+        first = await queue_and_see("n1")
+        assert (first["spec"]["node"], first["status"]["phase"]) == ("n1", "Queued")
+        same = await queue_and_see("n2")  # n1 still suits it: it keeps its place there
+        assert same["metadata"]["uid"] == first["metadata"]["uid"]
+        controller.nodes.on_node("MODIFIED", server.put_node("n1", 8192, labels={"pool": "b"}))
+        moved = await queue_and_see("n2")
+        assert (moved["spec"]["node"], moved["status"]["phase"]) == ("n2", "Queued")
+        edited = server.merge_patch(
+            f"{PODS}/p", {"metadata": {"annotations": {RAM_ANNOTATION: "5Gi"}}}
+        )
+        pod = edited | {"status": pod["status"]}
+        controller.gates.on_pod("MODIFIED", pod)
+        again = await queue_and_see("n2")
+        assert again["metadata"]["uid"] != moved["metadata"]["uid"]
+        assert again["spec"]["ramMB"] == 5120
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=600)

@@ -254,8 +254,7 @@ class Controller:
 
     def _filtered(self, pod: JSON, names: list[str], now: datetime) -> list[str]:
         """The nodes among ``names`` the extender's filter would pass for ``pod`` now."""
-        uid = str((pod.get("metadata") or {}).get("uid", ""))
-        own = self.gates.record_of(pod_key(pod), uid)
+        own = self.gates.record_for_claim(pod_key(pod), pod)
         strict = self.config.queueing.strict
         return filter_nodes(self.state, pod, names, now, own=own, strict=strict).nodes
 

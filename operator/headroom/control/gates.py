@@ -97,7 +97,8 @@ from headroom.control.telemetry import Telemetry
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
-from headroom.objects.podreservations import booked
+from headroom.objects.nodeconstraints import may_run_on
+from headroom.objects.podreservations import booked, differences
 from headroom.objects.pods import (
     bound_node,
     is_finished,
@@ -169,14 +170,20 @@ class Gates(PodCalls):
         return sum(1 for pod in self._pods.values() if is_gated(pod.obj))
 
     def unschedulable_for(self, scheduler: str) -> list[tuple[PodKey, JSON]]:
-        """Claim pods ``scheduler`` left unbound, finding no node for them, that have no
-        reservation (one that has waits in the ledger's queue, and is nudged from there)."""
+        """Claim pods ``scheduler`` left unbound, finding no node for them, that no queue
+        of the ledger will nudge: without a reservation that waits or holds."""
         return [
             (key, pod.obj)
             for key, pod in self._pods.items()
-            if unschedulable_for(pod.obj, scheduler)
-            and self._record(self._reservations.get(key), pod) is None
+            if unschedulable_for(pod.obj, scheduler) and not self._queued(key, pod)
         ]
+
+    def _queued(self, key: PodKey, pod: ClaimPod) -> bool:
+        known = self._reservations.get(key)
+        record = self._record(known, pod)
+        if known is None or record is None:
+            return False
+        return record.held or record.decision.phase == Phase.QUEUED or known.book.waits
 
     def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
         meta = obj.get("metadata") or {}
@@ -404,51 +411,68 @@ class Gates(PodCalls):
         await self._label_owner(key, seen, self._call)
         return await self._make(key, seen, claim, node, self._call, wait=False)
 
-    async def queue(self, key: PodKey, pod: JSON, node: str, feasible: list[str]) -> None:
-        """kube-scheduler found no node with room for the pod among ``feasible``: its
-        reservation waits in the ledger's queue of ``node``, in turn with every other claim
-        there (FIFO, strict or best effort, quotas and their waits, as a gated pod's).
-        Admitted, the pod is nudged; refused, it says why and, once its retry delay is
-        over, its next filter queues it again, at the back."""
+    async def queue(self, key: PodKey, pod: JSON, node: str) -> None:
+        """kube-scheduler found no node with room for the pod: its reservation waits in the
+        ledger's queue of ``node``, in turn with every other claim there (FIFO, strict or
+        best effort, quotas and their waits, as a gated pod's). Admitted, the pod is
+        nudged; refused, it says why and, once its retry delay is over, its next filter
+        queues it again, at the back."""
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         if self.binding(key) or not self.started or not self._may_act():
             return
         try:
-            async with self.bind_lock(key):
-                seen = self._pods.get(key)
-                if seen is None or seen.uid != uid:
-                    seen = ClaimPod(pod, uid)  # the watch has not shown it yet
-                if bound_node(seen.obj) is not None or is_finished(seen.obj):
-                    return
-                claim = pod_claim(seen.obj)
-                if pod_wait(claim, self._state.ledger.quotas.max_wait(key[0])) is None:
-                    return  # its quotas let it wait for nothing (a maxWait under a second)
-                known = self._reservations.get(key)
-                if known is not None:
-                    if not self._requeue(known, seen, claim, feasible):
-                        return
-                    await self._replace(key, known.uid)
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(_GONE_WITHIN):
-                            while self.holds(known.uid):  # one entry per pod in the ledger
-                                await self.released(known.uid)
-                    if self.holds(known.uid):
-                        return  # its deletion not seen yet: the next filter queues it
-                await self._label_owner(key, seen, self._call)
-                await self._make(key, seen, claim, node, self._call)
+            replaced = await self._queue_once(key, pod, uid, node)
+            if replaced is None:
+                return
+            # One entry per pod in the ledger: the one it replaced must be seen gone
+            # first (waited for without the lock: a bind of the pod is not held up).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_GONE_WITHIN):
+                    while self.holds(replaced):
+                        await self.released(replaced)
+            if not self.holds(replaced):
+                await self._queue_once(key, pod, uid, node)
         except (ApiError, ApiUnavailableError, DeposedError, InvalidValueError) as error:
             log.warning("pod %s/%s not queued for node %s: %s", *key, node, error)
 
-    def _requeue(self, known: Known, seen: ClaimPod, claim: PodClaim, feasible: list[str]) -> bool:
+    async def _queue_once(self, key: PodKey, pod: JSON, uid: str, node: str) -> str | None:
+        """Make the pod's waiting reservation, unless it has one to keep; the uid of one
+        deleted instead (replaced once it is seen gone), else None."""
+        async with self.bind_lock(key):
+            seen = self._pods.get(key)
+            if seen is None or seen.uid != uid:
+                seen = ClaimPod(pod, uid)  # the watch has not shown it yet
+            if bound_node(seen.obj) is not None or is_finished(seen.obj):
+                return None
+            claim = pod_claim(seen.obj)
+            if pod_wait(claim, self._state.ledger.quotas.max_wait(key[0])) is None:
+                return None  # its quotas let it wait for nothing (a maxWait under a second)
+            known = self._reservations.get(key)
+            if known is not None:
+                if not self._requeue(key, known, seen, claim):
+                    return None
+                await self._replace(key, known.uid)
+                return known.uid
+            await self._label_owner(key, seen, self._call)
+            await self._make(key, seen, claim, node, self._call)
+            return None
+
+    def _requeue(self, key: PodKey, known: Known, seen: ClaimPod, claim: PodClaim) -> bool:
         """Whether the pod's reservation ``known`` is to be replaced by one in a queue now:
-        one made at a bind and refused; one that waited and was refused, once the pod's
-        retry delay is over (not if its own wait ran out: it gives up); one that waits
-        on a node the scheduler no longer finds feasible (cordoned, its CPU taken)."""
+        one made for another claim (edited since); one made at a bind and refused; one
+        that waited and was refused, once the pod's retry delay is over (not if its own
+        wait ran out: it gives up); one that waits on a node the pod can no longer run on
+        (cordoned, tainted, gone: as the gate path's ``NodeUnsuitable``)."""
         record = self._record(known, seen)
-        if record is None or not record.confirmed or record.held:
-            return False  # undecided, another incarnation's, or admitted
+        if record is None or not record.confirmed:
+            return False  # undecided, or another incarnation's (its reconcile replaces it)
+        if differences(known.book, key[1], claim):
+            return True
+        if record.held:
+            return False
         if record.decision.phase == Phase.QUEUED:
-            return known.book.node not in feasible
+            facts = self._state.node_facts.get(known.book.node)
+            return facts is None or not may_run_on(seen.obj, facts)
         if not known.book.waits:
             return True
         if record.decision.reason == Reason.WAIT_TIMEOUT and claim.wait is not None:

@@ -248,7 +248,7 @@ def decide(
         # Written again whenever the pod's condition says otherwise.
         return Condition("Admitted", admitted_message(pod, record))
     made_to_wait = known is not None and known.book.waits  # by the extender's filter
-    if made_to_wait and record is not None and record.confirmed and bound_node(pod) is None:
+    if made_to_wait and record is not None and record.confirmed and _awaits_binding(pod):
         return _waits_for_scheduler(seen, claim, record, now)
     return Nothing()
 

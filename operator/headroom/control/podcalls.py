@@ -19,7 +19,9 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal
 
+from headroom.api.claims import pod_claim
 from headroom.api.constants import CLAIM_LABEL, FENCE_ANNOTATION, ROOM_ANNOTATION, SCHEDULING_GATE
+from headroom.api.parse import InvalidValueError
 from headroom.api.paths import pod_path, reservation_path
 from headroom.api.reasons import Reason
 from headroom.api.refs import ObjectRef
@@ -34,6 +36,7 @@ from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transpo
 from headroom.kube.workqueue import WorkQueue
 from headroom.objects.podreservations import (
     annotation_patch,
+    differences,
     gate_removal_patch,
     pod_condition,
 )
@@ -134,6 +137,19 @@ class PodCalls:
         if known is None or known.pod_uid != pod_uid:
             return None
         return self._state.records.get(known.uid)
+
+    def record_for_claim(self, key: PodKey, pod: JSON) -> Record | None:
+        """The decision about the pod's reservation if it was made for this incarnation
+        and for its claim as it is now (not one edited since: that one is to be replaced)."""
+        known = self._reservations.get(key)
+        record = self.record_of(key, str((pod.get("metadata") or {}).get("uid", "")))
+        if known is None or record is None:
+            return None
+        try:
+            claim = pod_claim(pod)
+        except InvalidValueError:
+            return None
+        return None if differences(known.book, key[1], claim) else record
 
     def holds(self, uid: str) -> bool:
         """Whether the ledger still has reservation ``uid`` (its deletion not seen yet)."""

@@ -197,13 +197,26 @@ class NodeState:
 
     def could_hold(self, entry: Entry) -> bool:
         """Whether ``entry`` would fit were nothing reserved on the node: within its RAM
-        and VRAM limits as they are now (devices one by one are not asked)."""
+        and VRAM limits as they are now, and on its devices were none of them held."""
         if self.limits.max_entries_per_node < 1:
             return False
         limit, vram_limit = self.limit_ram_mb(), self.limit_vram_mb()
         if entry.ram_mb and limit is not None and entry.ram_mb > limit:
             return False
-        return not (entry.vram_mb and vram_limit is not None and entry.vram_mb > vram_limit)
+        if entry.vram_mb and vram_limit is not None and entry.vram_mb > vram_limit:
+            return False
+        if not self.on_devices(entry):
+            return True
+        assert self.devices is not None
+        choice = device_math.choose_devices(
+            self.devices,
+            {},
+            entry.vram_mb,
+            entry.gpus,
+            self.limits.max_vram_overcommit_ratio,
+            self.limits.gpu_policy,
+        )
+        return not isinstance(choice, device_math.DeviceRefusal)
 
     def room_refusal(self, entry: Entry) -> tuple[Reason, str] | None:
         """Why the node has no room for ``entry`` now (its capacity is known), with the

@@ -96,8 +96,7 @@ class ExtenderServer:
             return web.json_response({"Error": "expected ExtenderArgs with Pod and NodeNames"})
         pod, names = args
         key = pod_key(pod)
-        uid = str((pod.get("metadata") or {}).get("uid", ""))
-        own = self._controller.gates.record_of(key, uid)
+        own = self._controller.gates.record_for_claim(key, pod)
         now = self._controller.clock.now()
         strict = self._controller.config.queueing.strict
         found = filter_nodes(self._controller.state, pod, names, now, own=own, strict=strict)
@@ -107,7 +106,7 @@ class ExtenderServer:
             self._controller.room_waiters.waits(key, pod, names, anywhere=found.for_quota)
             node = queue_node(self._controller.state, pod, found, now)
             if node is not None:
-                self._queueing.spawn(self._controller.gates.queue(key, pod, node, names))
+                self._queueing.spawn(self._controller.gates.queue(key, pod, node))
         return web.json_response(
             {"NodeNames": found.nodes, "FailedAndUnresolvableNodes": found.refused, "Error": ""}
         )
