@@ -63,13 +63,21 @@ def pod(
     pinned: bool = False,
     condition: str | None = None,
     unschedulable: bool = False,
+    bound_with_reservation: bool = False,
 ) -> JSON:
     annotations = {RAM_ANNOTATION: ram}
     if wait is not None:
         annotations[WAIT_ANNOTATION] = wait
-    if pinned:
-        annotations[RESERVATION_ANNOTATION] = NAME
     spec: JSON = {"containers": [{"name": "c"}]}
+    if bound_with_reservation:  # the scheduler path's Binding wrote the annotation
+        annotations[RESERVATION_ANNOTATION] = NAME
+    if pinned:  # the gate path's ungate patch: the reservation named, the node pinned
+        annotations[RESERVATION_ANNOTATION] = NAME
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+        selector = {"nodeSelectorTerms": [term]}
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": selector}
+        }
     if gated:
         spec["schedulingGates"] = [{"name": SCHEDULING_GATE}]
     if node is not None:
@@ -403,6 +411,14 @@ ROWS = [
         Nothing(),
         known(),
         REFUSED,
+    ),
+    Row(
+        "bound by kube-scheduler through the extender (its Binding named the reservation) -> "
+        "its condition says so",
+        pod(gated=False, node=NODE, phase="Running", bound_with_reservation=True),
+        Condition("Admitted", f"bound to node {NODE} by kube-scheduler; reservation {NAME}"),
+        known(),
+        ADMITTED,
     ),
     Row(
         "ungated and pinned by the gate path, its reservation refused since -> not the "
