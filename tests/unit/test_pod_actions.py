@@ -42,7 +42,7 @@ from headroom.control.podactions import (
 from headroom.control.state import Record
 from headroom.objects.nodeconstraints import NodeFacts
 from headroom.objects.podreservations import Booked
-from headroom.objects.pods import CONDITION, JSON
+from headroom.objects.pods import CONDITION, JSON, pinned_to
 from headroom.objects.status import Decision
 
 NOW = 1000.0  # monotonic
@@ -486,3 +486,19 @@ def test_the_says_name_what_is_wrong() -> None:
     )
     assert said(ran_out).reason == "Expired"
     assert said(ran_out).message.startswith(f"reservation {NAME} expired at noon")
+
+
+def test_a_pin_is_told_from_a_binding_whatever_the_pods_own_terms() -> None:
+    """The ungate patch pins every term that asks something (not an empty one), beside
+    the pod's own requirements, even its own single-node ones."""
+    own = {"key": "metadata.name", "operator": "In", "values": ["other"]}
+    ours = {"key": "metadata.name", "operator": "In", "values": [NODE]}
+    terms = [{"matchFields": [own, ours]}, {"matchExpressions": [], "matchFields": [ours]}, {}]
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}
+    affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] = {
+        "nodeSelectorTerms": terms
+    }
+    pinned = {"spec": {"affinity": affinity}}
+    assert pinned_to(pinned, NODE)
+    assert not pinned_to(pinned, "other")
+    assert not pinned_to({"spec": {}}, NODE)

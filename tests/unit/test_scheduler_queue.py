@@ -79,6 +79,19 @@ def test_a_pod_with_no_room_waits_in_a_nodes_queue_and_is_nudged_when_admitted()
         assert mine["status"]["phase"] == "Admitted"
         nudged = server.get(f"{PODS}/p")["metadata"]["annotations"]
         assert nudged[ROOM_ANNOTATION].startswith(mine["metadata"]["uid"])
+        # Its claim edited now: an admission is never taken back by a queue (its bind
+        # replaces it, or the bind grace's fence releases it).
+        edited = server.merge_patch(
+            f"{PODS}/p", {"metadata": {"annotations": {RAM_ANNOTATION: "2Gi"}}}
+        )
+        controller.gates.on_pod("MODIFIED", edited | {"status": pod["status"]})
+        await controller.gates.queue(("ml", "p"), edited, "n1")
+        kept = server.get(f"{RESERVATIONS}/p")
+        assert kept is not None
+        assert (kept["metadata"]["uid"], kept["status"]["phase"]) == (
+            mine["metadata"]["uid"],
+            "Admitted",
+        )
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=600)

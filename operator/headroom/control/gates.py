@@ -98,7 +98,7 @@ from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
 from headroom.objects.nodeconstraints import may_run_on
-from headroom.objects.podreservations import booked, differences
+from headroom.objects.podreservations import booked, differences, for_another_claim
 from headroom.objects.pods import (
     bound_node,
     is_finished,
@@ -161,6 +161,7 @@ class Gates(PodCalls):
         # created but not decided yet counts against its node when the next is placed.
         self._creating = asyncio.Lock()
         self._planned: dict[PodKey, tuple[str, int, int]] = {}  # -> (node, RAM, VRAM)
+        self._replacing: set[PodKey] = set()  # queues waiting for a replaced one to go
 
     # -- what the operator sees --------------------------------------------------------------
 
@@ -420,10 +421,13 @@ class Gates(PodCalls):
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         if self.binding(key) or not self.started or not self._may_act():
             return
+        if key in self._replacing:
+            return  # a queue of this pod waits for the reservation it replaced to go
         try:
             replaced = await self._queue_once(key, pod, uid, node)
             if replaced is None:
                 return
+            self._replacing.add(key)
             # One entry per pod in the ledger: the one it replaced must be seen gone
             # first (waited for without the lock: a bind of the pod is not held up).
             with contextlib.suppress(TimeoutError):
@@ -434,6 +438,8 @@ class Gates(PodCalls):
                 await self._queue_once(key, pod, uid, node)
         except (ApiError, ApiUnavailableError, DeposedError, InvalidValueError) as error:
             log.warning("pod %s/%s not queued for node %s: %s", *key, node, error)
+        finally:
+            self._replacing.discard(key)
 
     async def _queue_once(self, key: PodKey, pod: JSON, uid: str, node: str) -> str | None:
         """Make the pod's waiting reservation, unless it has one to keep; the uid of one
@@ -442,42 +448,56 @@ class Gates(PodCalls):
             seen = self._pods.get(key)
             if seen is None or seen.uid != uid:
                 seen = ClaimPod(pod, uid)  # the watch has not shown it yet
-            if bound_node(seen.obj) is not None or is_finished(seen.obj):
-                return None
+            if bound_node(seen.obj) or seen.node or is_finished(seen.obj):
+                return None  # bound (the watch may lag: a node once seen is kept)
             claim = pod_claim(seen.obj)
             if pod_wait(claim, self._state.ledger.quotas.max_wait(key[0])) is None:
                 return None  # its quotas let it wait for nothing (a maxWait under a second)
             known = self._reservations.get(key)
             if known is not None:
-                if not self._requeue(key, known, seen, claim):
+                why = self._requeue(key, known, seen, claim)
+                if why is None:
                     return None
+                if why:
+                    self._say(seen, *why)
                 await self._replace(key, known.uid)
                 return known.uid
             await self._label_owner(key, seen, self._call)
             await self._make(key, seen, claim, node, self._call)
             return None
 
-    def _requeue(self, key: PodKey, known: Known, seen: ClaimPod, claim: PodClaim) -> bool:
-        """Whether the pod's reservation ``known`` is to be replaced by one in a queue now:
-        one made for another claim (edited since); one made at a bind and refused; one
-        that waited and was refused, once the pod's retry delay is over (not if its own
-        wait ran out: it gives up); one that waits on a node the pod can no longer run on
-        (cordoned, tainted, gone: as the gate path's ``NodeUnsuitable``)."""
+    def _requeue(
+        self, key: PodKey, known: Known, seen: ClaimPod, claim: PodClaim
+    ) -> tuple[str, str] | tuple[()] | None:
+        """Whether the pod's reservation ``known``, not admitted, is to be replaced by one
+        in a queue now, and what the pod says of it (None: kept): one the operator made
+        for another claim (edited since: ``ClaimChanged``); one that waits on a node the
+        pod can no longer run on (``NodeUnsuitable``, as the gate path's); one made at a
+        bind and refused; one that waited and was refused, once the pod's retry delay is
+        over (not if its own wait ran out: it gives up). An admission is never taken
+        back here: the bind, or the bind grace's fence, decides about it."""
         record = self._record(known, seen)
-        if record is None or not record.confirmed:
-            return False  # undecided, or another incarnation's (its reconcile replaces it)
-        if differences(known.book, key[1], claim):
-            return True
-        if record.held:
-            return False
+        if record is None or not record.confirmed or record.held:
+            return None  # undecided, another incarnation's (its reconcile replaces it), held
+        differ = differences(known.book, key[1], claim)
+        if differ:  # not the operator's (a tenant's object of that name): not ours to delete
+            if not for_another_claim(known.book, key[1]):
+                return None
+            return ("ClaimChanged", f"its claim changed ({'; '.join(differ)}); queued anew")
         if record.decision.phase == Phase.QUEUED:
             facts = self._state.node_facts.get(known.book.node)
-            return facts is None or not may_run_on(seen.obj, facts)
+            if facts is not None and may_run_on(seen.obj, facts):
+                return None
+            return (
+                "NodeUnsuitable",
+                f"node {known.book.node} no longer suits the pod; it waits on another",
+            )
         if not known.book.waits:
-            return True
+            return ()
         if record.decision.reason == Reason.WAIT_TIMEOUT and claim.wait is not None:
-            return False
-        return seen.refused == known.uid and seen.retry_after <= self._clock.monotonic()
+            return None
+        due = seen.refused == known.uid and seen.retry_after <= self._clock.monotonic()
+        return () if due else None
 
     async def _label_owner(self, key: PodKey, seen: ClaimPod, call: Caller) -> None:
         if (seen.obj.get("metadata") or {}).get("labels", {}).get(OWNER_LABEL) == "true":

@@ -27,7 +27,7 @@ from headroom.objects.pods import (
     condition_reason,
     is_finished,
     is_gated,
-    pinned_node,
+    pinned_to,
     unschedulable,
 )
 
@@ -370,6 +370,6 @@ def admitted_message(pod: JSON, record: Record) -> str:
     on = f"; GPU devices {','.join(sorted(devices))}" if devices else ""
     if RESERVATION_ANNOTATION not in ((pod.get("metadata") or {}).get("annotations") or {}):
         return f"recorded on node {record.node}, where it runs; reservation {record.name}{on}"
-    if pinned_node(pod) != record.node:  # the scheduler path's Binding named it, not a pin
+    if not pinned_to(pod, record.node):  # the scheduler path's Binding named it, not a pin
         return f"bound to node {record.node} by kube-scheduler; reservation {record.name}{on}"
     return f"pinned to node {record.node}; reservation {record.name}{on}"

@@ -140,11 +140,14 @@ class PodCalls:
 
     def record_for_claim(self, key: PodKey, pod: JSON) -> Record | None:
         """The decision about the pod's reservation if it was made for this incarnation
-        and for its claim as it is now (not one edited since: that one is to be replaced)."""
+        and, unless it holds an admission, for its claim as it is now (one that waits for
+        a claim edited since is replaced at the next queue, not judged as the pod's)."""
         known = self._reservations.get(key)
         record = self.record_of(key, str((pod.get("metadata") or {}).get("uid", "")))
         if known is None or record is None:
             return None
+        if record.held:  # its node passes; the bind replaces it if the claim changed
+            return record
         try:
             claim = pod_claim(pod)
         except InvalidValueError:

@@ -197,7 +197,8 @@ class NodeState:
 
     def could_hold(self, entry: Entry) -> bool:
         """Whether ``entry`` would fit were nothing reserved on the node: within its RAM
-        and VRAM limits as they are now, and on its devices were none of them held."""
+        and VRAM limits as they are now, and on its devices were none of them held by
+        Headroom's claims (what is held outside Headroom stays held)."""
         if self.limits.max_entries_per_node < 1:
             return False
         limit, vram_limit = self.limit_ram_mb(), self.limit_vram_mb()
@@ -215,6 +216,7 @@ class NodeState:
             entry.gpus,
             self.limits.max_vram_overcommit_ratio,
             self.limits.gpu_policy,
+            self.outside(),
         )
         return not isinstance(choice, device_math.DeviceRefusal)
 

@@ -281,6 +281,18 @@ def _pin(spec: JSON, node: str) -> list[JSON]:
     return [_add(f"/spec/affinity/nodeAffinity/{_REQUIRED}", required)]
 
 
+def pinned_to(pod: JSON, node: str) -> bool:
+    """Whether our pin to ``node`` is in every required term the ungate patch pinned:
+    each, beside what the pod's own terms say, but an empty one (left as it was)."""
+    terms = [
+        term
+        for term in required_terms(pod.get("spec") or {}) or []
+        if (term or {}).get("matchExpressions") or (term or {}).get("matchFields")
+    ]
+    wanted = {"key": "metadata.name", "operator": "In", "values": [node]}
+    return bool(terms) and all(wanted in (term.get("matchFields") or []) for term in terms)
+
+
 def pinned_node(pod: JSON) -> str | None:
     """The node our pin names, if the pod carries one in every required term."""
     terms = required_terms(pod.get("spec") or {}) or []
