@@ -15,7 +15,6 @@ import random
 
 from headroom.api.claims import pod_claim
 from headroom.api.config import OperatorConfig
-from headroom.api.constants import CLAIM_LABEL, OWNER_LABEL, RAM_ANNOTATION
 from headroom.api.paths import resource_path
 from headroom.control.controller import Controller
 from headroom.kube.transport import JSON, ApiError
@@ -24,6 +23,7 @@ from headroom_dev.sim.fakeapi import FakeApiServer
 from headroom_dev.sim.fakeapi.client import FakeClient
 from headroom_dev.sim.loop import VirtualClock, run_virtual
 from tests.unit.test_gates_races import NS, PODS, bound_pod, deliver_reservations
+from tests.unit.test_scheduler_queue import waiting_pod
 
 
 class SlowPodReads(FakeClient):
@@ -95,15 +95,7 @@ def decided_after_reads(config: OperatorConfig, scheduler_name: str) -> tuple[st
         server = FakeApiServer(seed=5)
         server.ensure_namespace(NS)
         server.put_node("n1", memory=8192)
-        body = {
-            "metadata": {
-                "name": "p",
-                "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
-                "annotations": {RAM_ANNOTATION: "512Mi"},
-            },
-            "spec": {"schedulerName": scheduler_name, "containers": [{"name": "c"}]},
-        }
-        pod = server.create(PODS, body)
+        pod = waiting_pod(server, "512Mi", scheduler=scheduler_name)
         transport = CountedPodReads(server, "operator")
         controller = Controller(
             config, transport, clock=VirtualClock(), follow_watches=False, rng=random.Random(1)

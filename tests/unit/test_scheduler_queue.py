@@ -24,15 +24,21 @@ RESERVATIONS = f"/apis/headroom.dev/v1alpha1/namespaces/{NS}/reservations"
 UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
 
 
-def waiting_pod(server: FakeApiServer, ram: str, selector: dict[str, str] | None = None) -> JSON:
-    """A claim pod kube-scheduler tried and left unschedulable."""
+def waiting_pod(
+    server: FakeApiServer,
+    ram: str,
+    selector: dict[str, str] | None = None,
+    *,
+    scheduler: str = "headroom",
+) -> JSON:
+    """A claim pod ``scheduler`` tried and left unschedulable."""
     body = {
         "metadata": {
             "name": "p",
             "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
             "annotations": {RAM_ANNOTATION: ram},
         },
-        "spec": {"schedulerName": "headroom", "containers": [{"name": "c"}]},
+        "spec": {"schedulerName": scheduler, "containers": [{"name": "c"}]},
     }
     if selector is not None:
         body["spec"]["nodeSelector"] = selector
