@@ -39,16 +39,11 @@ class Filtered:
     refused: dict[str, str] = field(default_factory=dict)
     #: Those refused for want of room (node, quota, or waiters ahead): a wait may end it.
     waitable: list[str] = field(default_factory=list)
+    #: Its own wait ran out in a queue: it waits for nothing any more.
+    gave_up: bool = False
 
     def reasons(self) -> Counter[str]:
         return Counter(self.refused.values())
-
-    @property
-    def gave_up(self) -> bool:
-        """Its own wait ran out in a queue: it waits for nothing any more."""
-        return bool(self.refused) and all(
-            reason == "headroom: WaitTimeout" for reason in self.refused.values()
-        )
 
     @property
     def for_quota(self) -> bool:
@@ -82,7 +77,7 @@ def filter_nodes(
     except InvalidValueError:
         return Filtered([], {name: "headroom: BadClaim" for name in names})
     if own is not None and _own_wait_ran_out(own, claim):
-        return Filtered([], {name: "headroom: WaitTimeout" for name in names})
+        return Filtered([], {name: "headroom: WaitTimeout" for name in names}, gave_up=True)
     held = own.node if own is not None and own.held else None
     if held is not None and held in names:  # its turn came there: bound there, not moved
         others = {name: "headroom: AdmittedOnAnotherNode" for name in names if name != held}

@@ -75,19 +75,21 @@ def unschedulable(pod: JSON) -> bool:
     return False
 
 
+def _waits_for(pod: JSON, scheduler: str | None) -> bool:
+    """Whether the pod is unbound and left to ``scheduler``."""
+    name = (pod.get("spec") or {}).get("schedulerName")
+    return scheduler is not None and name == scheduler and bound_node(pod) is None
+
+
 def unschedulable_for(pod: JSON, scheduler: str) -> bool:
     """Whether ``scheduler`` tried the pod and left it unbound, finding no node for it."""
-    name = (pod.get("spec") or {}).get("schedulerName")
-    return name == scheduler and bound_node(pod) is None and unschedulable(pod)
+    return _waits_for(pod, scheduler) and unschedulable(pod)
 
 
 def placed_by_operator(pod: JSON, scheduler: str | None) -> bool:
     """Whether only the operator can place the pod now: our gate holds it, or it waits,
     unbound, for ``scheduler`` (placement mode scheduler), whose binds are the operator's."""
-    if is_gated(pod):
-        return True
-    name = (pod.get("spec") or {}).get("schedulerName")
-    return scheduler is not None and name == scheduler and bound_node(pod) is None
+    return is_gated(pod) or _waits_for(pod, scheduler)
 
 
 # -- the reservation of a pod -----------------------------------------------------------------
