@@ -45,7 +45,7 @@ from headroom_dev.apply import install_crds
 from headroom_dev.controlplane import ControlPlane, free_port
 from headroom_dev.interrupts import stop_cleanly
 from headroom_dev.nodes import create_node
-from headroom_dev.scheduler import HeadroomScheduler
+from headroom_dev.scheduler import HeadroomScheduler, client_files, extender_over_tls
 
 JSON = dict[str, Any]
 GATE = "headroom.dev/admission"
@@ -175,11 +175,12 @@ async def run(args: argparse.Namespace) -> JSON:
         core = __import__("kubernetes").client.CoreV1Api(bench.api)
         client = KubeClient(bench.credentials, connections=64)
         port = free_port()
-        operator = bench.operator({"extenderPort": port, "extenderHost": "127.0.0.1"}).start()
+        operator = bench.operator(extender_over_tls(port, "default")).start()  # the chart's
         operator.wait_ready(body="ok")
-        url = f"http://127.0.0.1:{port}"
+        files = client_files(core, "default", workdir / "client")
+        url = f"https://127.0.0.1:{port}"
         schedulers = [
-            HeadroomScheduler(plane, url, qps=args.qps).start(),
+            HeadroomScheduler(plane, url, qps=args.qps, client_tls=files).start(),
             HeadroomScheduler(
                 plane, None, name="stock-bench", scheduler_name=STOCK, qps=args.qps
             ).start(),

@@ -23,8 +23,12 @@ from pathlib import Path
 
 import kopf
 
-from headroom.api.config import ConfigError, OperatorConfig, parse_config
-from headroom.control.certificates import CertificateKeeper, CertificateTarget
+from headroom.api.config import EXTENDER_CLIENT, ConfigError, OperatorConfig, parse_config
+from headroom.control.certificates import (
+    CertificateKeeper,
+    CertificateTarget,
+    ClientCertificateTarget,
+)
 from headroom.control.controller import Controller
 from headroom.control.supervisor import Supervisor
 from headroom.handlers.wiring import build_registry, configure
@@ -32,7 +36,7 @@ from headroom.kube.client import Credentials, KubeClient
 from headroom.kube.clock import Clock, SystemClock
 from headroom.kube.leader import LeaseSettings
 from headroom.kube.leasethread import LeaseThread
-from headroom.objects.certificates import CertificatePolicy, service_names
+from headroom.objects.certificates import Bundle, CertificatePolicy, service_names
 from headroom.serving.access import AccessReviewer
 from headroom.serving.extender import ExtenderServer
 from headroom.serving.metrics import EventsCollector, OperatorMetrics
@@ -92,10 +96,15 @@ def _elector(
 
 
 def _webhook(
-    config: OperatorConfig, client: KubeClient, clock: Clock, metrics: OperatorMetrics
+    config: OperatorConfig,
+    client: KubeClient,
+    clock: Clock,
+    metrics: OperatorMetrics,
+    extender: ExtenderServer | None,
 ) -> tuple[WebhookThread, CertificateKeeper] | None:
     """The admission webhook's server (on its own thread) and the keeper of its
-    certificate, when enabled."""
+    certificate, when enabled; the keeper also serves the extender's HTTPS and keeps
+    its callers' client certificate (``extenderClientSecret``)."""
     webhook = config.webhook
     if not webhook.enabled:
         return None
@@ -110,6 +119,17 @@ def _webhook(
     names = service_names(
         certificate.service_name, service_namespace, tuple(certificate.extra_names)
     )
+    clients = None
+    if config.extender_client_secret is not None:
+        clients = ClientCertificateTarget(
+            config.extender_client_secret, EXTENDER_CLIENT, certificate.validity
+        )
+
+    async def serve(bundle: Bundle) -> None:
+        await server.load(bundle.cert, bundle.key)
+        if extender is not None:
+            await extender.load(bundle)
+
     keeper = CertificateKeeper(
         client,
         CertificateTarget(
@@ -117,8 +137,9 @@ def _webhook(
             secret=certificate.secret_name,
             configuration=certificate.webhook_configuration,
             policy=CertificatePolicy(names, certificate.ca_validity, certificate.validity),
+            client=clients,
         ),
-        server.load,
+        serve,
         clock=clock,
         period=certificate.check_period.total_seconds(),
     )
@@ -238,8 +259,23 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
     metrics.follow_leadership(
         (lambda: elector.is_leader) if elector is not None else controller.ready.is_set
     )
-    webhook = _webhook(config, client, clock, metrics)
     signals = _Signals(stop)
+    extender = None
+    if config.extender_port is not None:
+        extender = ExtenderServer(
+            controller,
+            config.extender_host,
+            config.extender_port,
+            # A leader with its ledger rebuilt, still holding the Lease, not stopping: a
+            # draining or deposed one answers 503, so the scheduler asks again elsewhere.
+            deciding=lambda: (
+                controller.ready.is_set()
+                and (elector is None or elector.may_act())
+                and not signals.draining
+            ),
+            tls=config.extender_client_secret is not None,
+        )
+    webhook = _webhook(config, client, clock, metrics, extender)
     probes = ProbeServer(
         controller,
         config.probe_host,
@@ -254,22 +290,14 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
         supervisor.spawn("metrics-certificate", scrapes.keep_certificate())
     await probes.start()
     log.info("probes on http://%s:%d", config.probe_host, probes.port)
-    extender = None
-    if config.extender_port is not None:
-        extender = ExtenderServer(
-            controller,
-            config.extender_host,
-            config.extender_port,
-            # A leader with its ledger rebuilt, still holding the Lease, not stopping: a
-            # draining or deposed one answers 503, so the scheduler asks again elsewhere.
-            deciding=lambda: (
-                controller.ready.is_set()
-                and (elector is None or elector.may_act())
-                and not signals.draining
-            ),
-        )
+    if extender is not None:
         await extender.start()
-        log.info("scheduler extender on http://%s:%d", config.extender_host, extender.port)
+        log.info(
+            "scheduler extender on %s://%s:%d",
+            extender.scheme,
+            config.extender_host,
+            extender.port,
+        )
     if webhook is not None:  # every replica serves it, before and without the Lease
         await webhook[0].start()
         supervisor.spawn("webhook-certificate", webhook[1].run())

@@ -2,16 +2,22 @@
 
 The shape the chart is to deploy (``docs/development/design-scheduler-extender.md``):
 one profile, ``schedulerName: headroom``, scoring every node, short backoffs, and one
-extender with ``nodeCacheCapable: true``. Here over plain HTTP on loopback, beside a
+extender with ``nodeCacheCapable: true``. Here on loopback (HTTPS with a client
+certificate, as the chart's, or plain HTTP), beside a
 :class:`ControlPlane` started with ``controllers=True`` (whose own kube-scheduler keeps
 scheduling every other pod), with the identity ``system:kube-scheduler``.
 """
 
 from __future__ import annotations
 
+import base64
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from headroom_dev.controllers import BUILD
 from headroom_dev.process import Child, binary, free_port, https_get
@@ -21,6 +27,51 @@ if TYPE_CHECKING:
 
 NAME = "headroom-scheduler"
 SCHEDULER_NAME = "headroom"
+#: The Secret the operator writes the scheduler's client certificate into (the chart's).
+CLIENT_SECRET = "headroom-scheduler-client"
+
+
+def extender_over_tls(port: int, namespace: str) -> dict[str, Any]:
+    """The operator config that serves the extender on loopback's ``port`` as the chart
+    does: HTTPS with the webhook's certificate (its Secret in ``namespace``, shared by
+    replicas; no webhook configuration is kept), answering only the client certificate
+    the operator writes into :data:`CLIENT_SECRET`."""
+    return {
+        "extenderPort": port,
+        "extenderHost": "127.0.0.1",
+        "extenderClientSecret": CLIENT_SECRET,
+        "webhook": {
+            "enabled": True,
+            "host": "127.0.0.1",
+            "port": free_port(),
+            "certificate": {
+                "namespace": namespace,
+                "secretName": "headroom-webhook-cert",
+                "extraNames": ["127.0.0.1"],
+                "webhookConfiguration": None,
+            },
+        },
+    }
+
+
+def client_files(
+    core: client.CoreV1Api, namespace: str, directory: Path, timeout: float = 30.0
+) -> Path:
+    """The client Secret's files in ``directory``, as the scheduler's pod mounts them,
+    once the operator has written the Secret."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            secret = core.read_namespaced_secret(CLIENT_SECRET, namespace)
+            break
+        except ApiException as error:
+            if error.status != 404 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+    directory.mkdir(exist_ok=True)
+    for key, value in (secret.data or {}).items():
+        (directory / key).write_bytes(base64.b64decode(value))
+    return directory
 
 
 class HeadroomScheduler:
@@ -33,6 +84,7 @@ class HeadroomScheduler:
         scheduler_name: str = SCHEDULER_NAME,
         config: dict[str, Any] | None = None,
         qps: float | None = None,
+        client_tls: Path | None = None,
     ) -> None:
         """``name``: of its files and certificate; a second one beside the first is
         another name (both unelected: each schedules every ``headroom`` pod).
@@ -42,7 +94,9 @@ class HeadroomScheduler:
         this machine has: its client connection, no leader election (the harness's
         identity may hold only the Lease kube-scheduler), and ``extender_url``. ``qps``:
         its API client's rate (burst twice that); None: kube-scheduler's default, 50
-        requests per second after a burst of 100, which bounds its Bindings."""
+        requests per second after a burst of 100, which bounds its Bindings. ``client_tls``:
+        a directory with the operator's client Secret's files (``tls.crt``, ``tls.key``,
+        ``ca.crt``), for an ``https://`` ``extender_url``."""
         self.plane, self.port = plane, free_port()
         work, pki = plane.workdir, plane.pki
         plane.ca.serving(name).write(pki, name)
@@ -57,13 +111,20 @@ class HeadroomScheduler:
             "podMaxBackoffSeconds": 5,
             "profiles": [{"schedulerName": scheduler_name, "percentageOfNodesToScore": 100}],
         }
+        tls: dict[str, Any] = {}
+        if client_tls is not None:
+            files = {"certFile": "tls.crt", "keyFile": "tls.key", "caFile": "ca.crt"}
+            tls = {
+                "enableHTTPS": True,
+                "tlsConfig": {field: str(client_tls / f) for field, f in files.items()},
+            }
         if config is not None:
             self.config = {
                 **config,
                 "clientConnection": self.config["clientConnection"],
                 "leaderElection": self.config["leaderElection"],
                 "extenders": [
-                    {**extender, "urlPrefix": extender_url}
+                    {**extender, "urlPrefix": extender_url, **tls}
                     for extender in config.get("extenders") or []
                 ],
             }
@@ -77,6 +138,7 @@ class HeadroomScheduler:
                     "weight": 1,
                     "nodeCacheCapable": True,
                     "httpTimeout": "5s",
+                    **tls,
                 }
             ]
         config_file = work / f"{name}.yaml"

@@ -26,7 +26,12 @@ from headroom_dev.controlplane import ControlPlane
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
 from headroom_dev.process import free_port
-from headroom_dev.scheduler import SCHEDULER_NAME, HeadroomScheduler
+from headroom_dev.scheduler import (
+    SCHEDULER_NAME,
+    HeadroomScheduler,
+    client_files,
+    extender_over_tls,
+)
 from headroom_dev.service import LoopbackService
 from tests.integration.polling import eventually
 from tests.integration.test_chart import render
@@ -40,7 +45,8 @@ def api(controllers_api: client.ApiClient) -> client.ApiClient:
 
 
 def on_loopback(port: int) -> dict[str, Any]:
-    """The operator config that serves the extender on this machine's ``port``."""
+    """The operator config that serves the extender on this machine's ``port``, plain
+    HTTP (a local run's)."""
     return {"extenderPort": port, "extenderHost": "127.0.0.1"}
 
 
@@ -51,15 +57,24 @@ class Extender:
 
 
 @pytest.fixture
-def extender(controllers_plane: ControlPlane, tmp_path: Path) -> Iterator[Extender]:
+def extender(
+    api: client.ApiClient, controllers_plane: ControlPlane, tmp_path: Path
+) -> Iterator[Extender]:
+    """One operator and the scheduler, over HTTPS as the chart runs them."""
+    core = client.CoreV1Api(api)
+    namespace = f"ext-tls-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": namespace}})
     port = free_port()
-    operator = OperatorProcess(controllers_plane.kubeconfig, tmp_path, on_loopback(port)).start()
+    config = extender_over_tls(port, namespace)
+    operator = OperatorProcess(controllers_plane.kubeconfig, tmp_path, config).start()
     operator.wait_ready(body="ok")
-    url = f"http://127.0.0.1:{port}"
-    scheduler = HeadroomScheduler(controllers_plane, url).start()
+    url = f"https://127.0.0.1:{port}"
+    files = client_files(core, namespace, tmp_path / "client")
+    scheduler = HeadroomScheduler(controllers_plane, url, client_tls=files).start()
     yield Extender(operator, url)
     scheduler.stop()
     operator.stop()
+    core.delete_namespace(namespace)
 
 
 @pytest.fixture
@@ -437,13 +452,15 @@ def test_the_leader_killed_while_it_binds_leaves_no_pod_bound_without_its_admiss
     for index, port in enumerate(ports):
         workdir = tmp_path / f"replica-{index}"
         workdir.mkdir()
-        config = {"leaderElection": election, **on_loopback(port)}
+        config = {"leaderElection": election, **extender_over_tls(port, namespace)}
         replicas.append(OperatorProcess(controllers_plane.kubeconfig, workdir, config))
     leader, standby = replicas
     leader.start(wait_ready=False).wait_ready(body="ok")
     standby.start(wait_ready=False).wait_ready(body="standby")
     service = LoopbackService(ports).start()
-    scheduler = HeadroomScheduler(controllers_plane, service.url).start()
+    url = f"https://127.0.0.1:{service.port}"  # one CA: the replicas share its Secret
+    files = client_files(core, namespace, tmp_path / "client")
+    scheduler = HeadroomScheduler(controllers_plane, url, client_tls=files).start()
     try:
         for index in range(30):
             core.create_namespaced_pod(namespace, claim_pod(f"p{index}", label, "3Gi", "10m"))
@@ -530,16 +547,21 @@ def test_the_charts_scheduler_configuration_binds_through_the_charts_operator_co
     operator_config = yaml.safe_load(configs["headroom-config"]["data"]["config.yaml"])
     scheduler_config = yaml.safe_load(configs["headroom-scheduler"]["data"]["config.yaml"])
     port = free_port()
-    local = {"placement": operator_config["placement"], **on_loopback(port)}
+    local = {
+        "placement": operator_config["placement"],
+        **extender_over_tls(port, namespace),
+        "extenderClientSecret": operator_config["extenderClientSecret"],
+    }
     operator = OperatorProcess(controllers_plane.kubeconfig, tmp_path, local).start()
     scheduler = None
     try:
         operator.wait_ready(body="ok")
         scheduler = HeadroomScheduler(
             controllers_plane,
-            f"http://127.0.0.1:{port}",
+            f"https://127.0.0.1:{port}",
             name="chart-scheduler",
             config=scheduler_config,
+            client_tls=client_files(core, namespace, tmp_path / "client"),
         ).start()
         core.create_namespaced_pod(namespace, claim_pod("charted", label, "4Gi", cpu="2"))
         assert eventually(lambda: bound_to(core, namespace, "charted"), timeout=30) == nodes["cpu"]

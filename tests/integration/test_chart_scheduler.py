@@ -10,13 +10,28 @@ runs in the real kube-scheduler and binds through the operator is in
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from subprocess import CompletedProcess
 from typing import Any
 
 import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from headroom.api.config import parse_config
-from tests.integration.test_chart import NAMESPACE, render
+from headroom_dev.controlplane import ControlPlane
+from headroom_dev.logtext import http_statuses
+from tests.integration.polling import eventually
+from tests.integration.test_chart import (
+    CHART,
+    NAMESPACE,
+    helm,
+    installed,
+    operator_as_service_account,
+    render,
+)
+
+__all__ = ["installed"]  # a fixture of the chart's tests, used here too
 
 Kubectl = Callable[..., CompletedProcess[str]]
 ON = '{"enabled": true}'
@@ -71,7 +86,7 @@ def test_on_the_scheduler_binds_through_the_extender_and_is_never_ignorable() ->
     [profile] = config["profiles"]
     assert profile == {"schedulerName": "headroom", "percentageOfNodesToScore": 100}
     [extender] = config["extenders"]
-    assert extender["urlPrefix"] == f"http://headroom-extender.{NAMESPACE}.svc:9444"
+    assert extender["urlPrefix"] == f"https://headroom-extender.{NAMESPACE}.svc:9444"
     assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
         "filter",
         "prioritize",
@@ -86,6 +101,47 @@ def test_on_the_scheduler_binds_through_the_extender_and_is_never_ignorable() ->
     }
     single = scheduler_config(render('scheduler={"enabled": true, "replicas": 1}'))
     assert single["leaderElection"]["leaderElect"] is True  # a rolling update surges a second
+
+
+def test_on_the_extender_answers_only_the_client_certificate_the_scheduler_mounts() -> None:
+    docs = render(f"scheduler={ON}")
+    config = parse_config(by_kind(docs, "ConfigMap")["headroom-config"]["data"]["config.yaml"])
+    assert config.webhook.enabled
+    assert config.extender_client_secret == "headroom-scheduler-client"
+    names = config.webhook.certificate.extra_names
+    assert f"headroom-extender.{NAMESPACE}.svc" in names  # the urlPrefix's host
+    [extender] = scheduler_config(docs)["extenders"]
+    assert extender["enableHTTPS"] is True
+    folder = "/etc/headroom-scheduler-client"
+    assert extender["tlsConfig"] == {
+        "certFile": f"{folder}/tls.crt",
+        "keyFile": f"{folder}/tls.key",
+        "caFile": f"{folder}/ca.crt",
+    }
+    pod = by_kind(docs, "Deployment")["headroom-scheduler"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "headroom-scheduler-client"
+    # The operator may write it (beside its webhook's), by name.
+    rules = by_kind(docs, "Role")["headroom-webhook-cert"]["rules"]
+    [named] = [r for r in rules if "resourceNames" in r]
+    assert named["resourceNames"] == ["headroom-webhook-cert", "headroom-scheduler-client"]
+    assert named["verbs"] == ["get", "update"]
+
+
+def test_on_without_the_webhook_the_chart_refuses_to_render() -> None:
+    result = helm(
+        "template",
+        "headroom",
+        str(CHART),
+        "--set-json",
+        f"scheduler={ON}",
+        "--set-json",
+        'webhook={"enabled": false}',
+    )
+    assert result.returncode != 0
+    assert "scheduler.enabled needs webhook.enabled" in result.stderr
 
 
 def test_on_the_schedulers_pods_match_none_of_the_operators_selectors() -> None:
@@ -140,3 +196,67 @@ def test_on_every_object_is_taken_by_the_api_server(kubectl: Kubectl) -> None:
     result = kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(objects))
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("(server dry run)") == len(objects), result.stdout
+
+
+def test_on_the_operator_writes_and_renews_the_client_secret_with_only_the_charts_rbac(
+    installed: None,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    core: client.CoreV1Api,
+    kubectl: Kubectl,
+) -> None:
+    """As the chart's ServiceAccount with ``scheduler.enabled``'s Role: the client Secret
+    is created, and a broken one replaced (update, allowed by name); nothing Forbidden."""
+    [role] = [
+        d
+        for d in render(f"scheduler={ON}")
+        if d["kind"] == "Role" and d["metadata"]["name"] == "headroom-webhook-cert"
+    ]
+    result = kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(role)
+    )
+    assert result.returncode == 0, result.stderr
+    certificate = {
+        "namespace": NAMESPACE,
+        "secretName": "headroom-webhook-cert",
+        "webhookConfiguration": None,
+        "checkPeriod": "1s",
+    }
+    config = {
+        "webhook": {"enabled": True, "host": "127.0.0.1", "port": 0, "certificate": certificate},
+        "extenderPort": 0,
+        "extenderHost": "127.0.0.1",
+        "extenderClientSecret": "headroom-scheduler-client",
+    }
+    operator = operator_as_service_account(control_plane, tmp_path, config).start()
+    try:
+
+        def written() -> dict[str, str]:
+            try:
+                secret = core.read_namespaced_secret("headroom-scheduler-client", NAMESPACE)
+            except ApiException as error:
+                if error.status == 404:
+                    raise AssertionError("not written yet") from error
+                raise
+            assert set(secret.data) == {"tls.crt", "tls.key", "ca.crt"}
+            data: dict[str, str] = secret.data
+            return data
+
+        first = eventually(written, timeout=30)
+        core.patch_namespaced_secret(
+            "headroom-scheduler-client",
+            NAMESPACE,
+            {"data": {"tls.crt": "YnJva2Vu"}},  # "broken"
+        )
+
+        def replaced() -> None:
+            now = written()
+            assert now["tls.crt"] not in (first["tls.crt"], "YnJva2Vu")
+
+        eventually(replaced, timeout=30)
+        tail = operator.tail(200)
+        assert "Forbidden" not in tail
+        assert 403 not in http_statuses(tail), tail
+    finally:
+        operator.stop()
+        core.delete_namespaced_secret("headroom-scheduler-client", NAMESPACE)

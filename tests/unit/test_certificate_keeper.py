@@ -14,10 +14,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from headroom.control.certificates import CertificateKeeper, CertificateTarget
+from headroom.control.certificates import (
+    CertificateKeeper,
+    CertificateTarget,
+    ClientCertificateTarget,
+)
 from headroom.kube.transport import JSON, ApiError
-from headroom.objects.certificates import CertificatePolicy, service_names
+from headroom.objects.certificates import Bundle, CertificatePolicy, service_names
 
 SECRETS = "/api/v1/namespaces/ops/secrets"
 CONFIGURATION = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/headroom"
@@ -92,8 +97,8 @@ class Clock:
 
 
 def keeper(api: TinyApi, clock: Clock, served: list[bytes], configuration: str | None) -> Any:
-    async def serve(cert: bytes, key: bytes) -> None:
-        served.append(cert)
+    async def serve(bundle: Bundle) -> None:
+        served.append(bundle.cert)
 
     target = CertificateTarget("ops", "headroom-webhook-cert", configuration, POLICY)
     return CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
@@ -164,14 +169,14 @@ def test_what_is_served_is_always_trusted_by_what_is_published() -> None:
     api._stored(CONFIGURATION, configuration())
     checked: list[bytes] = []
 
-    async def serve(cert: bytes, key: bytes) -> None:
+    async def serve(bundle: Bundle) -> None:
         webhooks = api.objects[CONFIGURATION]["webhooks"]
         if "caBundle" in webhooks[0]["clientConfig"]:  # nothing published at first start
             trust = x509.load_pem_x509_certificates(published(api)[0])
-            leaf = x509.load_pem_x509_certificate(cert)
+            leaf = x509.load_pem_x509_certificate(bundle.cert)
             assert leaf.issuer in [ca.subject for ca in trust]
             assert leaf.not_valid_after_utc > clock.at
-            checked.append(cert)
+            checked.append(bundle.cert)
 
     target = CertificateTarget("ops", "headroom-webhook-cert", "headroom", POLICY)
     one = CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
@@ -189,3 +194,72 @@ def test_without_a_configuration_the_certificate_is_still_kept() -> None:
     asyncio.run(keeper(api, clock, served, None).sync())
     assert len(served) == 2
     assert served[0] == served[1]
+
+
+CLIENTS = ClientCertificateTarget(
+    "headroom-scheduler-client", "headroom-scheduler", timedelta(days=90)
+)
+
+
+def data(api: TinyApi, secret: str, key: str) -> bytes:
+    return base64.b64decode(api.objects[f"{SECRETS}/{secret}"]["data"][key])
+
+
+def test_replicas_racing_at_first_start_write_one_client_certificate_secret() -> None:
+    api, clock = TinyApi(), Clock()
+    target = CertificateTarget("ops", "headroom-webhook-cert", None, POLICY, CLIENTS)
+
+    async def serve(bundle: Bundle) -> None:
+        pass
+
+    async def main() -> None:
+        keepers = [
+            CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
+            for _ in range(3)
+        ]
+        await asyncio.gather(*(k.sync() for k in keepers))
+
+    asyncio.run(main())
+    creates = sorted(w for w in api.writes if w.startswith("create"))
+    assert creates == [
+        f"create {SECRETS}/headroom-scheduler-client",
+        f"create {SECRETS}/headroom-webhook-cert",
+    ]
+    client = api.objects[f"{SECRETS}/headroom-scheduler-client"]
+    assert client["type"] == "kubernetes.io/tls"
+    assert set(client["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert client["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "headroom-operator"}
+    assert "ca.key" not in client["data"]  # the CA's key stays in the webhook's Secret
+
+
+def test_the_client_certificate_is_always_one_the_extender_trusts_through_ca_rotations() -> None:
+    """Weekly for two years (two CA rotations, eight client renewals): the Secret the
+    scheduler mounts holds a live clientAuth certificate for headroom-scheduler issued
+    by a CA the extender trusts (the webhook's bundle), and ca.crt is that bundle."""
+    api, clock = TinyApi(), Clock()
+    api._stored(CONFIGURATION, configuration())
+    served: list[Bundle] = []
+
+    async def serve(bundle: Bundle) -> None:
+        served.append(bundle)
+
+    target = CertificateTarget("ops", "headroom-webhook-cert", "headroom", POLICY, CLIENTS)
+    one = CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
+    start, issued = clock.at, set()
+    for hours in range(0, 24 * 800, 24 * 7):
+        clock.at = start + timedelta(hours=hours)
+        asyncio.run(one.sync())
+        cert_pem = data(api, "headroom-scheduler-client", "tls.crt")
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        trusted = x509.load_pem_x509_certificates(served[-1].trust)
+        [ca] = [c for c in trusted if c.subject == cert.issuer]
+        cert.verify_directly_issued_by(ca)
+        assert cert.not_valid_before_utc <= clock.at < cert.not_valid_after_utc
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+        assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == (
+            "headroom-scheduler"
+        )
+        assert data(api, "headroom-scheduler-client", "ca.crt") == served[-1].trust
+        issued.add(cert_pem)
+    assert len(issued) >= 8

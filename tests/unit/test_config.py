@@ -161,3 +161,16 @@ def test_placement_is_by_gate_unless_the_scheduler_mode_names_its_extender() -> 
         parse_config("placement: {mode: scheduler}\n", "f.yaml")
     with pytest.raises(ConfigError, match=r"placement\.mode"):
         parse_config("placement: {mode: both}\n", "f.yaml")
+
+
+def test_the_extender_serves_https_to_client_certificates_only_beside_the_webhook() -> None:
+    assert parse_config("extenderPort: 9444\n", "f.yaml").extender_client_secret is None
+    config = parse_config(
+        "extenderPort: 9444\nextenderClientSecret: sched-client\nwebhook: {enabled: true}\n",
+        "f.yaml",
+    )
+    assert config.extender_client_secret == "sched-client"
+    with pytest.raises(ConfigError, match=r"extenderClientSecret 'sched-client' needs"):
+        parse_config("extenderPort: 9444\nextenderClientSecret: sched-client\n", "f.yaml")
+    with pytest.raises(ConfigError, match=r"extenderClientSecret 'c' needs extenderPort"):
+        parse_config("extenderClientSecret: c\nwebhook: {enabled: true}\n", "f.yaml")

@@ -39,6 +39,11 @@ operator creates it, labelled as the release). */}}
 {{- default (printf "%s-decision-key" (include "headroom.fullname" .)) .Values.decisionKey.existingSecret -}}
 {{- end -}}
 
+{{/* The scheduler's client certificate for the extender, written by the operator. */}}
+{{- define "headroom.schedulerClientSecret" -}}
+{{- printf "%s-scheduler-client" (include "headroom.fullname" .) -}}
+{{- end -}}
+
 {{- define "headroom.serviceAccountName" -}}
 {{- default (include "headroom.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}

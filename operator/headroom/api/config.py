@@ -207,6 +207,9 @@ class QuotasConfig(BaseModel):
     )
 
 
+#: The common name of the client certificate the extender's callers present.
+EXTENDER_CLIENT = "headroom-scheduler"
+
 #: Certificates live up to a year (the longest configured duration); renewed at 2/3.
 CertificateDuration = Annotated[
     timedelta,
@@ -382,11 +385,24 @@ class OperatorConfig(BaseModel):
         ge=0,
         le=65535,
         description=(
-            "kube-scheduler's extender (filter, prioritize, bind), plain HTTP; absent: not "
-            "served. Being built (issue 30): not for production yet."
+            "kube-scheduler's extender (filter, prioritize, bind); absent: not served. "
+            "Plain HTTP unless extenderClientSecret is set. A preview (issue 30)."
         ),
     )
     extender_host: str = Field("0.0.0.0", alias="extenderHost")
+    extender_client_secret: str | None = Field(
+        None,
+        alias="extenderClientSecret",
+        min_length=1,
+        max_length=253,
+        description=(
+            "Serve the extender over HTTPS with the webhook's certificate (name the "
+            "extender's Service in webhook.certificate.extraNames) to callers with a client "
+            "certificate from its CA only: the operator writes one for "
+            f"{EXTENDER_CLIENT} into this Secret (tls.crt, tls.key, ca.crt), beside the "
+            "webhook's, for the scheduler to mount. Needs webhook.enabled."
+        ),
+    )
     metrics_port: StrictInt = Field(8443, alias="metricsPort", ge=0, le=65535)
     metrics_host: str = Field("0.0.0.0", alias="metricsHost")
     metrics_secure: StrictBool = Field(
@@ -417,6 +433,13 @@ class OperatorConfig(BaseModel):
     def _ports_apart(self) -> OperatorConfig:
         if self.probe_port and self.probe_port == self.metrics_port:
             raise ValueError(f"probePort and metricsPort are both {self.probe_port}")
+        if self.extender_client_secret is not None and not (
+            self.extender_port is not None and self.webhook.enabled
+        ):
+            raise ValueError(
+                f"extenderClientSecret {self.extender_client_secret!r} needs extenderPort and "
+                "webhook.enabled: the extender serves the webhook's certificate"
+            )
         if self.placement.mode == "scheduler" and self.extender_port is None:
             raise ValueError(
                 "placement.mode: scheduler needs extenderPort: the scheduler binds through it"

@@ -11,6 +11,10 @@ the API server alone:
 - the ``caBundle`` is patched only where it differs, with a JSON patch that
   first tests the configuration's resourceVersion.
 
+When the extender serves HTTPS, the same pass keeps the scheduler's client certificate
+Secret (:mod:`headroom.objects.clientcerts`) issued by the current CA, with the same
+create-or-409 and resourceVersion tie-breaks.
+
 The loop runs every ``checkPeriod``, which is also how quickly a ``caBundle``
 wiped by someone (``kubectl replace`` of the configuration, a tool that does not
 merge) is written again. The chart leaves ``caBundle`` out of its template, so a
@@ -25,6 +29,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import quote
 
 from headroom.api.paths import resource_path
@@ -33,6 +38,7 @@ from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.objects.certificates import (
     Bundle,
+    CertificateError,
     CertificatePolicy,
     bundle_from_secret,
     ca_bundle_patch,
@@ -41,11 +47,26 @@ from headroom.objects.certificates import (
     renewal,
     secret_body,
 )
+from headroom.objects.clientcerts import (
+    ClientPair,
+    client_from_secret,
+    client_renewal,
+    client_secret_body,
+)
 
 log = logging.getLogger(__name__)
 
 #: Labels on the Secret, so that ``kubectl get secret -l`` finds what the operator made.
 SECRET_LABELS = {"app.kubernetes.io/managed-by": "headroom-operator"}
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCertificateTarget:
+    """The Secret (beside the CA's) that holds a client certificate for ``name``."""
+
+    secret: str
+    name: str
+    validity: timedelta
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +77,17 @@ class CertificateTarget:
     secret: str
     configuration: str | None
     policy: CertificatePolicy
+    client: ClientCertificateTarget | None = None
 
 
 class CertificateKeeper:
-    """Reads, creates and renews the Secret; hands each new serving pair to ``serve``."""
+    """Reads, creates and renews the Secret; hands each bundle read to ``serve``."""
 
     def __init__(
         self,
         transport: Transport,
         target: CertificateTarget,
-        serve: Callable[[bytes, bytes], Awaitable[None]],
+        serve: Callable[[Bundle], Awaitable[None]],
         *,
         clock: Clock,
         period: float,
@@ -75,7 +97,7 @@ class CertificateKeeper:
         self._period, self._clock = period, clock
         self._backoff = Backoff(base=0.5, cap=period, rng=rng or random.Random())
         self._secrets = resource_path("", "v1", "secrets", target.namespace)
-        self._secret_path = f"{self._secrets}/{quote(target.secret, safe='')}"
+        self._secret_path = self._path(target.secret)
         self._configuration_path = (
             None
             if target.configuration is None
@@ -95,7 +117,9 @@ class CertificateKeeper:
                 await self.sync()
                 self._backoff.reset()
                 delay = self._period
-            except (ApiError, ApiUnavailableError) as error:
+            except (ApiError, ApiUnavailableError, CertificateError) as error:
+                # CertificateError: a CA key that can sign the serving certificate but
+                # not the client's (never made here); said, and tried again, not a crash.
                 delay = self._backoff.next()
                 log.warning("webhook certificate not synced (%s); again in %.1fs", error, delay)
             await asyncio.sleep(delay)
@@ -107,20 +131,25 @@ class CertificateKeeper:
         except (ApiError, ApiUnavailableError):
             # Serve what the Secret holds meanwhile; renewing waits for the configuration
             # (a CA rotation must know what the API server trusts).
-            current = bundle_from_secret(await self._read_secret())
+            current = bundle_from_secret(await self._read(self._secret_path))
             if current is not None:
-                await self._serve(current.cert, current.key)
+                await self._serve(current)
             raise
         published = None if configuration is None else published_bundle(configuration)
         bundle = await self._current_bundle(published)
-        await self._serve(bundle.cert, bundle.key)
+        await self._serve(bundle)
         if configuration is not None:
             await self._publish(configuration, bundle.trust)
+        if self._target.client is not None:
+            await self._current_client(bundle, self._target.client)
         return bundle
+
+    def _path(self, name: str) -> str:
+        return f"{self._secrets}/{quote(name, safe='')}"
 
     async def _current_bundle(self, published: bytes | None) -> Bundle:
         for _ in range(5):
-            secret = await self._read_secret()
+            secret = await self._read(self._secret_path)
             current = bundle_from_secret(secret)
             plan = await asyncio.to_thread(
                 renewal, current, self._target.policy, self._clock.now(), published
@@ -129,7 +158,8 @@ class CertificateKeeper:
                 assert current is not None  # renewal() always replaces a missing bundle
                 return current
             bundle, reason = plan
-            if await self._write(secret, bundle):
+            body = secret_body(self._target.secret, bundle)
+            if await self._write(secret, body):
                 log.info(
                     "webhook certificate Secret %s/%s written (%s); serving certificate "
                     "valid until %s",
@@ -141,26 +171,51 @@ class CertificateKeeper:
                 return bundle
         raise ApiUnavailableError("the webhook certificate Secret kept changing under us")
 
-    async def _read_secret(self) -> JSON | None:
+    async def _current_client(self, bundle: Bundle, client: ClientCertificateTarget) -> ClientPair:
+        path = self._path(client.secret)
+        for _ in range(5):
+            secret = await self._read(path)
+            current = client_from_secret(secret)
+            plan = await asyncio.to_thread(
+                client_renewal, current, bundle, client.name, self._clock.now(), client.validity
+            )
+            if plan is None:
+                assert current is not None  # client_renewal() always replaces a missing pair
+                return current
+            pair, reason = plan
+            if await self._write(secret, client_secret_body(client.secret, pair)):
+                log.info(
+                    "client certificate Secret %s/%s written for %s (%s); valid until %s",
+                    self._target.namespace,
+                    client.secret,
+                    client.name,
+                    reason,
+                    not_after(pair.cert).isoformat(),
+                )
+                return pair
+        raise ApiUnavailableError("the client certificate Secret kept changing under us")
+
+    async def _read(self, path: str) -> JSON | None:
         try:
-            return await self._transport.get(self._secret_path)
+            return await self._transport.get(path)
         except ApiError as error:
             if error.not_found:
                 return None
             raise
 
-    async def _write(self, secret: JSON | None, bundle: Bundle) -> bool:
-        """Create or replace the Secret; False if another replica got there first."""
-        name = self._target.secret
+    async def _write(self, secret: JSON | None, body: JSON) -> bool:
+        """Create ``body``, or replace ``secret`` with it (the resourceVersion read and
+        our labels kept); False if another replica got there first."""
+        metadata = body["metadata"]
         try:
             if secret is None:
-                body = secret_body(name, bundle, labels=SECRET_LABELS)
+                metadata["labels"] = SECRET_LABELS
                 await self._transport.create(self._secrets, body)
             else:
-                metadata = secret.get("metadata") or {}
-                labels = {**(metadata.get("labels") or {}), **SECRET_LABELS}
-                body = secret_body(name, bundle, metadata.get("resourceVersion", ""), labels)
-                await self._transport.replace(self._secret_path, body)
+                read = secret.get("metadata") or {}
+                metadata["labels"] = {**(read.get("labels") or {}), **SECRET_LABELS}
+                metadata["resourceVersion"] = read.get("resourceVersion", "")
+                await self._transport.replace(self._path(metadata["name"]), body)
         except ApiError as error:
             if error.conflict:  # 409: created or renewed by another replica; read theirs
                 return False

@@ -146,15 +146,19 @@ def issue(
     names: tuple[str, ...],
     now: datetime,
     validity: timedelta,
+    *,
+    client: bool = False,
 ) -> tuple[bytes, bytes]:
-    """A serving certificate for ``names`` signed by the CA: (certificate PEM, key PEM)."""
+    """A serving certificate for ``names`` signed by the CA: (certificate PEM, key PEM).
+    ``client``: a client certificate for ``names[0]`` instead (``clientAuth``, no SAN)."""
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise CertificateError("ca.key: not an EC private key")
     key = _new_key()
     not_after = min(now + validity, ca_cert.not_valid_after_utc)
-    cert = (
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
         .issuer_name(ca_cert.subject)
@@ -164,10 +168,12 @@ def issue(
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_usage(ca=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName([_san(n) for n in names]), critical=False)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     )
+    if not client:
+        sans = x509.SubjectAlternativeName([_san(n) for n in names])
+        builder = builder.add_extension(sans, critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
@@ -181,13 +187,13 @@ def fresh(policy: CertificatePolicy, now: datetime) -> Bundle:
 # -- renewing ---------------------------------------------------------------------------------
 
 
-def _late(cert: x509.Certificate, now: datetime) -> bool:
+def late(cert: x509.Certificate, now: datetime) -> bool:
     """Less than a third of its lifetime left (or already expired)."""
     lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
     return cert.not_valid_after_utc - now < lifetime / RENEW_FRACTION
 
 
-def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+def signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     try:
         cert.verify_directly_issued_by(ca)
     except (ValueError, TypeError, InvalidSignature):
@@ -236,7 +242,7 @@ def renewal(
     except ValueError:
         return fresh(policy, now), "the stored certificates cannot be read"
     trust = [c for c in _trusted(current.trust, now) if c != ca]
-    if _late(ca, now):
+    if late(ca, now):
         ca_cert, ca_key = new_ca(now, policy.ca_validity)
         bundle = x509.load_pem_x509_certificate(ca_cert)
         keep = [c for c in (ca, *trust) if c.not_valid_after_utc > now]
@@ -252,7 +258,7 @@ def renewal(
                 current.ca_cert, current.ca_key, current.cert, current.key, pruned
             ), "an expired CA leaves the trust bundle"
         return None
-    if published is not None and not _signed_by(cert, ca) and not _publishes(published, ca, now):
+    if published is not None and not signed_by(cert, ca) and not _publishes(published, ca, now):
         return None  # the new CA is not trusted yet: keep serving the old certificate
     try:
         cert_pem, key_pem = issue(
@@ -266,11 +272,11 @@ def renewal(
 def _serving_problem(
     cert: x509.Certificate, ca: x509.Certificate, policy: CertificatePolicy, now: datetime
 ) -> str | None:
-    if not _signed_by(cert, ca):
+    if not signed_by(cert, ca):
         return "the serving certificate is not signed by the current CA"
     if not set(policy.names) <= _names(cert):
         return "the serving certificate does not name every Service name"
-    if _late(cert, now):
+    if late(cert, now):
         return "the serving certificate is in the last third of its lifetime"
     return None
 
@@ -286,18 +292,8 @@ def not_after(cert_pem: bytes) -> datetime:
 # -- the Secret -------------------------------------------------------------------------------
 
 
-def secret_body(
-    name: str,
-    bundle: Bundle,
-    resource_version: str | None = None,
-    labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
+def secret_body(name: str, bundle: Bundle) -> dict[str, Any]:
     """The Secret that holds ``bundle`` (``kubernetes.io/tls``, plus the CA and the bundle)."""
-    metadata: dict[str, Any] = {"name": name}
-    if labels:
-        metadata["labels"] = labels
-    if resource_version is not None:
-        metadata["resourceVersion"] = resource_version
     values = {
         CA_CERT: bundle.ca_cert,
         CA_KEY: bundle.ca_key,
@@ -308,7 +304,7 @@ def secret_body(
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": metadata,
+        "metadata": {"name": name},
         "type": "kubernetes.io/tls",
         "data": {k: base64.b64encode(v).decode() for k, v in values.items()},
     }

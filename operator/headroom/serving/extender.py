@@ -17,11 +17,20 @@ keeps a connection on the endpoint it chose): a scheduler never stays stuck on a
 standby. aiohttp sets ``TCP_NODELAY`` on its
 connections: without it every answer waits for the scheduler's delayed ACK (95 ms
 instead of 10 ms per pod in the design's spike).
+
+With ``tls`` it serves HTTPS with the webhook's certificate and completes a handshake
+only with a client certificate its CA issued for ``clientAuth``: the scheduler's
+(:mod:`headroom.objects.clientcerts`). ``/bind`` binds a claim pod to any node the
+ledger has room on, so no other caller in the cluster may reach it. Until the first
+certificate is loaded every handshake fails, and the scheduler retries.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import shutil
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +41,8 @@ from headroom.control.controller import Controller
 from headroom.control.extender import filter_nodes, prioritize, queue_node
 from headroom.control.state import pod_key
 from headroom.control.tasks import BackgroundTasks
+from headroom.objects.certificates import Bundle
+from headroom.serving.tls import SwappableContext, context_from_pem
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +56,15 @@ class ExtenderServer:
         *,
         deciding: Callable[[], bool],
         binpack: bool = False,
+        tls: bool = False,
     ) -> None:
-        """``deciding``: whether this replica leads with its ledger rebuilt."""
+        """``deciding``: whether this replica leads with its ledger rebuilt. ``tls``:
+        HTTPS to the scheduler's client certificate only, from :meth:`load` on."""
         self._controller, self._host, self._port = controller, host, port
         self._deciding, self._binpack = deciding, binpack
+        self._tls = SwappableContext(require_clients=True) if tls else None
+        self._directory: str | None = None
+        self._certificate: bytes | None = None
         self._runner: web.AppRunner | None = None
         self._binder = Binder(controller.gates, controller.clock)
         self._queueing = BackgroundTasks()
@@ -61,16 +77,40 @@ class ExtenderServer:
         app.router.add_post("/bind", self._bind)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
+        context = None
+        if self._tls is not None:
+            self._directory = await asyncio.to_thread(tempfile.mkdtemp, prefix="headroom-ext-")
+            context = self._tls.listening
+        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=context)
         await site.start()
         sockets = getattr(site._server, "sockets", None) or []
         if sockets:
             self.port = sockets[0].getsockname()[1]
 
+    @property
+    def scheme(self) -> str:
+        return "http" if self._tls is None else "https"
+
+    async def load(self, bundle: Bundle) -> None:
+        """Serve the bundle's pair to clients its CAs trust, from the next handshake on
+        (a no-op for the pair served already, or without ``tls``)."""
+        if self._tls is None or (bundle.cert + bundle.trust) == self._certificate:
+            return
+        if self._directory is None:
+            raise RuntimeError("load() before start()")
+        context = await asyncio.to_thread(
+            context_from_pem, self._directory, bundle.cert, bundle.key, client_cas=bundle.trust
+        )
+        self._tls.set(context)
+        self._certificate = bundle.cert + bundle.trust
+        log.info("extender serving certificate and client CAs loaded")
+
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
         await self._queueing.stop()
+        if self._directory is not None:
+            await asyncio.to_thread(shutil.rmtree, self._directory, True)
 
     async def _args(self, request: web.Request) -> tuple[dict[str, Any], list[str]] | None:
         body = await request.json()

@@ -9,6 +9,11 @@ A listener whose certificate may change (renewal, a rotated Secret) chooses, in 
 SNI callback (OpenSSL calls it for every ClientHello, with or without a server
 name), the context built from the newest pair: new handshakes get it without a
 restart or a dropped listener.
+
+A listener that requires clients' certificates (the scheduler extender's) sets
+``CERT_REQUIRED`` on the listening context, because OpenSSL keeps the verify mode a
+connection began with when the callback switches its context; the CAs it checks the
+client with are the chosen context's.
 """
 
 from __future__ import annotations
@@ -27,9 +32,16 @@ def server_context() -> ssl.SSLContext:
     return context
 
 
-def context_from_pem(directory: str, cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
-    """A server context for the pair; the files exist only while it is loaded."""
+def context_from_pem(
+    directory: str, cert_pem: bytes, key_pem: bytes, *, client_cas: bytes | None = None
+) -> ssl.SSLContext:
+    """A server context for the pair; the files exist only while it is loaded.
+    ``client_cas``: only clients with a certificate those CAs issued for ``clientAuth``
+    complete a handshake."""
     context = server_context()
+    if client_cas is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=client_cas.decode())
     handle, name = tempfile.mkstemp(dir=directory, suffix=".pem")
     try:
         with os.fdopen(handle, "wb") as out:  # mkstemp: mode 0600, only this user
@@ -51,9 +63,11 @@ class SwappableContext:
     """A listening context that serves whichever context was :meth:`set` last; a
     handshake before the first one fails (nothing to serve yet)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, require_clients: bool = False) -> None:
         self.current: ssl.SSLContext | None = None
         self.listening = server_context()
+        if require_clients:
+            self.listening.verify_mode = ssl.CERT_REQUIRED
         self.listening.sni_callback = self._choose
 
     def set(self, context: ssl.SSLContext) -> None:

@@ -1,0 +1,119 @@
+"""The scheduler's client certificate for the extender: what to issue, when, and its Secret.
+
+kube-scheduler's extender calls carry no token (its ``tlsConfig`` has only certificate
+files), and ``/bind`` binds a claim pod to any node where the ledger has room, past the
+scheduler's predicates. So the extender accepts only callers that present a client
+certificate issued by the operator's own CA (the webhook's, :mod:`.certificates`), with
+the ``clientAuth`` usage: the webhook's serving certificate, signed by the same CA, is
+not one. The operator writes that certificate into a Secret of its own, which the
+scheduler mounts; the CA's key never leaves the webhook's Secret.
+
+Rotation without a restart: kube-scheduler's client (client-go ``TLSConfigFor``) reads
+its client certificate files again when they change, and the kubelet updates a mounted
+Secret in place. The ``ca.crt`` it checks the extender's certificate with is read once
+at its start: after a CA rotation (once every ``caValidity``, in its last third) the
+scheduler must be restarted to trust the new CA; until then its calls fail and pods
+wait, none is bound unaccounted.
+
+Pure: no I/O; ``now`` is always given.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from headroom.objects.certificates import (
+    CA_CERT,
+    TLS_CERT,
+    TLS_KEY,
+    Bundle,
+    CertificateError,
+    issue,
+    late,
+    signed_by,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPair:
+    """A client certificate and key, and the CAs its holder checks the server with (PEM)."""
+
+    cert: bytes
+    key: bytes
+    trust: bytes
+
+
+def client_renewal(
+    current: ClientPair | None, bundle: Bundle, name: str, now: datetime, validity: timedelta
+) -> tuple[ClientPair, str] | None:
+    """The pair to write instead of ``current`` and why, or None while it is good.
+
+    Issued by the bundle's current CA, which the extender trusts at once (its trust is
+    the whole bundle). ``ca.crt`` follows the bundle's trust, so that a scheduler started
+    after a CA rotation trusts the serving certificate of either CA.
+    """
+    reason = _client_problem(current, bundle, name, now)
+    if reason is None:
+        assert current is not None
+        if current.trust != bundle.trust:
+            return ClientPair(current.cert, current.key, bundle.trust), "the trusted CAs changed"
+        return None
+    try:
+        cert, key = issue(bundle.ca_cert, bundle.ca_key, (name,), now, validity, client=True)
+    except (ValueError, TypeError, CertificateError) as error:
+        raise CertificateError(f"the CA cannot issue the client certificate: {error}") from error
+    return ClientPair(cert, key, bundle.trust), reason
+
+
+def _client_problem(
+    current: ClientPair | None, bundle: Bundle, name: str, now: datetime
+) -> str | None:
+    if current is None:
+        return "no client certificate yet"
+    try:
+        cert = x509.load_pem_x509_certificate(current.cert)
+        ca = x509.load_pem_x509_certificate(bundle.ca_cert)
+    except ValueError:
+        return "the stored client certificate cannot be read"
+    if not signed_by(cert, ca):
+        return "the client certificate is not signed by the current CA"
+    if cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME) != [
+        x509.NameAttribute(NameOID.COMMON_NAME, name)
+    ]:
+        return f"the client certificate is not for {name}"
+    if late(cert, now):
+        return "the client certificate is in the last third of its lifetime"
+    return None
+
+
+def client_secret_body(name: str, pair: ClientPair) -> dict[str, Any]:
+    """The Secret the scheduler mounts: ``tls.crt``, ``tls.key`` and ``ca.crt``."""
+    values = {TLS_CERT: pair.cert, TLS_KEY: pair.key, CA_CERT: pair.trust}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "type": "kubernetes.io/tls",
+        "data": {k: base64.b64encode(v).decode() for k, v in values.items()},
+    }
+
+
+def client_from_secret(secret: Any) -> ClientPair | None:
+    """The pair in a Secret; None if it holds none (absent keys, not base64)."""
+    data = (secret or {}).get("data") if isinstance(secret, dict) else None
+    if not isinstance(data, dict):
+        return None
+    try:
+        cert, key, trust = (
+            base64.b64decode(data[k], validate=True) for k in (TLS_CERT, TLS_KEY, CA_CERT)
+        )
+    except (KeyError, TypeError, binascii.Error):
+        return None
+    return ClientPair(cert, key, trust)

@@ -1,0 +1,92 @@
+"""The scheduler's client certificate for the extender (pure): when it is issued again."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from headroom.objects.certificates import Bundle, CertificatePolicy, fresh, renewal
+from headroom.objects.clientcerts import (
+    ClientPair,
+    client_from_secret,
+    client_renewal,
+    client_secret_body,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+POLICY = CertificatePolicy(("headroom-webhook.ops.svc",), timedelta(days=365), timedelta(days=90))
+NAME, VALIDITY = "headroom-scheduler", timedelta(days=90)
+
+
+def first(bundle: Bundle) -> ClientPair:
+    plan = client_renewal(None, bundle, NAME, T0, VALIDITY)
+    assert plan is not None
+    assert plan[1] == "no client certificate yet"
+    return plan[0]
+
+
+def test_a_new_client_certificate_is_for_client_auth_only_by_the_current_ca() -> None:
+    bundle = fresh(POLICY, T0)
+    pair = first(bundle)
+    cert = x509.load_pem_x509_certificate(pair.cert)
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(bundle.ca_cert))
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == NAME
+    assert pair.trust == bundle.trust
+    assert client_renewal(pair, bundle, NAME, T0 + timedelta(days=59), VALIDITY) is None
+
+
+def test_it_is_issued_again_late_for_another_name_by_another_ca_or_unreadable() -> None:
+    bundle = fresh(POLICY, T0)
+    pair = first(bundle)
+    late = client_renewal(pair, bundle, NAME, T0 + timedelta(days=61), VALIDITY)
+    assert late is not None
+    assert "last third" in late[1]
+    renamed = client_renewal(pair, bundle, "someone-else", T0, VALIDITY)
+    assert renamed is not None
+    assert "not for someone-else" in renamed[1]
+    other = client_renewal(pair, fresh(POLICY, T0), NAME, T0, VALIDITY)
+    assert other is not None
+    assert "not signed by the current CA" in other[1]
+    garbage = client_renewal(ClientPair(b"x", b"y", b"z"), bundle, NAME, T0, VALIDITY)
+    assert garbage is not None
+    assert "cannot be read" in garbage[1]
+
+
+def test_a_ca_rotation_reissues_it_by_the_new_ca_and_its_ca_file_trusts_both() -> None:
+    bundle = fresh(POLICY, T0)
+    pair = first(bundle)
+    at = T0 + timedelta(days=250)  # the CA is in its last third
+    rotation = renewal(bundle, POLICY, at)
+    assert rotation is not None
+    rotated = rotation[0]
+    again = client_renewal(pair, rotated, NAME, at, VALIDITY)
+    assert again is not None
+    assert "not signed by the current CA" in again[1]
+    cert = x509.load_pem_x509_certificate(again[0].cert)
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(rotated.ca_cert))
+    assert len(x509.load_pem_x509_certificates(again[0].trust)) == 2
+
+
+def test_only_the_trusted_cas_changed_keeps_the_pair() -> None:
+    bundle = fresh(POLICY, T0)
+    issued = first(bundle)
+    pair = ClientPair(issued.cert, issued.key, b"an older bundle")
+    kept = client_renewal(pair, bundle, NAME, T0, VALIDITY)
+    assert kept is not None
+    assert kept[1] == "the trusted CAs changed"
+    assert (kept[0].cert, kept[0].key, kept[0].trust) == (pair.cert, pair.key, bundle.trust)
+
+
+def test_the_client_secret_round_trips() -> None:
+    bundle = fresh(POLICY, T0)
+    pair = first(bundle)
+    body = client_secret_body("headroom-scheduler-client", pair)
+    assert body["type"] == "kubernetes.io/tls"
+    assert set(body["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert client_from_secret(body) == pair
+    assert client_from_secret({"data": {"tls.crt": "!!"}}) is None
+    assert client_from_secret(None) is None
