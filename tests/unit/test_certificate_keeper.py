@@ -263,3 +263,35 @@ def test_the_client_certificate_is_always_one_the_extender_trusts_through_ca_rot
         assert data(api, "headroom-scheduler-client", "ca.crt") == served[-1].trust
         issued.add(cert_pem)
     assert len(issued) >= 8
+
+
+def test_a_replica_a_pass_behind_still_trusts_the_client_certificate() -> None:
+    """Two replicas, the second syncing every other week only (its view of the CAs a
+    pass behind): for two years, through two CA rotations, the Secret's client
+    certificate is trusted by the CAs each of them serves with."""
+    api, clock = TinyApi(), Clock()
+    api._stored(CONFIGURATION, configuration())
+    served: dict[str, list[Bundle]] = {"a": [], "b": []}
+
+    def keeper_of(name: str) -> CertificateKeeper:
+        async def serve(bundle: Bundle) -> None:
+            served[name].append(bundle)
+
+        target = CertificateTarget("ops", "headroom-webhook-cert", "headroom", POLICY, CLIENTS)
+        return CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
+
+    a, b = keeper_of("a"), keeper_of("b")
+    start, rotations = clock.at, set()
+    for week in range(0, 115):
+        clock.at = start + timedelta(weeks=week)
+        asyncio.run(a.sync())
+        if week % 2 == 0:
+            asyncio.run(b.sync())
+        cert = x509.load_pem_x509_certificate(data(api, "headroom-scheduler-client", "tls.crt"))
+        for name, bundles in served.items():
+            trusted = x509.load_pem_x509_certificates(bundles[-1].trust)
+            issuers = [ca for ca in trusted if ca.subject == cert.issuer]
+            assert issuers, f"week {week}: replica {name} does not trust the client certificate"
+            cert.verify_directly_issued_by(issuers[0])
+        rotations.add(served["a"][-1].ca_cert)
+    assert len(rotations) >= 3  # the first CA and at least two rotations

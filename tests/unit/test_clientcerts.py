@@ -23,8 +23,9 @@ NAME, VALIDITY = "headroom-scheduler", timedelta(days=90)
 def first(bundle: Bundle) -> ClientPair:
     plan = client_renewal(None, bundle, NAME, T0, VALIDITY)
     assert plan is not None
-    assert plan[1] == "no client certificate yet"
-    return plan[0]
+    assert plan.reason == "no client certificate yet"
+    assert not plan.new_ca
+    return plan.pair
 
 
 def test_a_new_client_certificate_is_for_client_auth_only_by_the_current_ca() -> None:
@@ -44,31 +45,41 @@ def test_it_is_issued_again_late_for_another_name_by_another_ca_or_unreadable() 
     pair = first(bundle)
     late = client_renewal(pair, bundle, NAME, T0 + timedelta(days=61), VALIDITY)
     assert late is not None
-    assert "last third" in late[1]
+    assert "last third" in late.reason
     renamed = client_renewal(pair, bundle, "someone-else", T0, VALIDITY)
     assert renamed is not None
-    assert "not for someone-else" in renamed[1]
+    assert "not for someone-else" in renamed.reason
     other = client_renewal(pair, fresh(POLICY, T0), NAME, T0, VALIDITY)
     assert other is not None
-    assert "not signed by the current CA" in other[1]
+    assert "not signed by a trusted CA" in other.reason
     garbage = client_renewal(ClientPair(b"x", b"y", b"z"), bundle, NAME, T0, VALIDITY)
     assert garbage is not None
-    assert "cannot be read" in garbage[1]
+    assert "cannot be read" in garbage.reason
 
 
-def test_a_ca_rotation_reissues_it_by_the_new_ca_and_its_ca_file_trusts_both() -> None:
+def test_a_ca_rotation_keeps_the_pair_trusts_both_cas_and_says_so() -> None:
+    """The old CA's certificate is kept (every replica trusts it, whether it has read the
+    rotation yet or not) until its last third, then issued by the new CA."""
     bundle = fresh(POLICY, T0)
-    pair = first(bundle)
     at = T0 + timedelta(days=250)  # the CA is in its last third
+    renewed = client_renewal(first(bundle), bundle, NAME, at - timedelta(days=30), VALIDITY)
+    assert renewed is not None  # the first one is late by then
+    pair = renewed.pair
     rotation = renewal(bundle, POLICY, at)
     assert rotation is not None
     rotated = rotation[0]
     again = client_renewal(pair, rotated, NAME, at, VALIDITY)
     assert again is not None
-    assert "not signed by the current CA" in again[1]
-    cert = x509.load_pem_x509_certificate(again[0].cert)
+    assert again.reason == "a new CA is trusted"
+    assert again.new_ca
+    assert (again.pair.cert, again.pair.key) == (pair.cert, pair.key)
+    assert len(x509.load_pem_x509_certificates(again.pair.trust)) == 2
+    later = client_renewal(again.pair, rotated, NAME, at + timedelta(days=40), VALIDITY)
+    assert later is not None
+    assert "last third" in later.reason
+    assert not later.new_ca
+    cert = x509.load_pem_x509_certificate(later.pair.cert)
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate(rotated.ca_cert))
-    assert len(x509.load_pem_x509_certificates(again[0].trust)) == 2
 
 
 def test_only_the_trusted_cas_changed_keeps_the_pair() -> None:
@@ -77,8 +88,8 @@ def test_only_the_trusted_cas_changed_keeps_the_pair() -> None:
     pair = ClientPair(issued.cert, issued.key, b"an older bundle")
     kept = client_renewal(pair, bundle, NAME, T0, VALIDITY)
     assert kept is not None
-    assert kept[1] == "the trusted CAs changed"
-    assert (kept[0].cert, kept[0].key, kept[0].trust) == (pair.cert, pair.key, bundle.trust)
+    assert kept.reason == "a new CA is trusted"
+    assert (kept.pair.cert, kept.pair.key, kept.pair.trust) == (pair.cert, pair.key, bundle.trust)
 
 
 def test_the_client_secret_round_trips() -> None:

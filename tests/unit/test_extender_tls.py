@@ -40,7 +40,7 @@ def client_context(tmp: Path, trust: bytes, pair: tuple[bytes, bytes] | None) ->
 def scheduler_pair(bundle: Bundle, at: datetime = NOW) -> tuple[bytes, bytes]:
     plan = client_renewal(None, bundle, EXTENDER_CLIENT, at, timedelta(days=90))
     assert plan is not None
-    return plan[0].cert, plan[0].key
+    return plan.pair.cert, plan.pair.key
 
 
 async def answer(port: int, context: ssl.SSLContext) -> int | str:

@@ -440,6 +440,12 @@ class OperatorConfig(BaseModel):
                 f"extenderClientSecret {self.extender_client_secret!r} needs extenderPort and "
                 "webhook.enabled: the extender serves the webhook's certificate"
             )
+        if self.extender_client_secret == self.webhook.certificate.secret_name:
+            raise ValueError(
+                f"extenderClientSecret {self.extender_client_secret!r} is the webhook's "
+                "certificate Secret (webhook.certificate.secretName): it holds the CA's "
+                "key, which the scheduler must not mount; name another Secret"
+            )
         if self.placement.mode == "scheduler" and self.extender_port is None:
             raise ValueError(
                 "placement.mode: scheduler needs extenderPort: the scheduler binds through it"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,7 +39,6 @@ from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.objects.certificates import (
     Bundle,
-    CertificateError,
     CertificatePolicy,
     bundle_from_secret,
     ca_bundle_patch,
@@ -117,9 +117,9 @@ class CertificateKeeper:
                 await self.sync()
                 self._backoff.reset()
                 delay = self._period
-            except (ApiError, ApiUnavailableError, CertificateError) as error:
-                # CertificateError: a CA key that can sign the serving certificate but
-                # not the client's (never made here); said, and tried again, not a crash.
+            except (ApiError, ApiUnavailableError, ValueError, ssl.SSLError) as error:
+                # A bundle that cannot be issued from or loaded (a Secret edited by hand):
+                # said, and tried again, never a crash.
                 delay = self._backoff.next()
                 log.warning("webhook certificate not synced (%s); again in %.1fs", error, delay)
             await asyncio.sleep(delay)
@@ -182,17 +182,24 @@ class CertificateKeeper:
             if plan is None:
                 assert current is not None  # client_renewal() always replaces a missing pair
                 return current
-            pair, reason = plan
-            if await self._write(secret, client_secret_body(client.secret, pair)):
+            if await self._write(secret, client_secret_body(client.secret, plan.pair)):
+                where = f"{self._target.namespace}/{client.secret}"
                 log.info(
-                    "client certificate Secret %s/%s written for %s (%s); valid until %s",
-                    self._target.namespace,
-                    client.secret,
+                    "client certificate Secret %s written for %s (%s); valid until %s",
+                    where,
                     client.name,
-                    reason,
-                    not_after(pair.cert).isoformat(),
+                    plan.reason,
+                    not_after(plan.pair.cert).isoformat(),
                 )
-                return pair
+                if plan.new_ca:
+                    log.warning(
+                        "the CA was rotated: restart what mounts the Secret %s (the "
+                        "headroom kube-scheduler reads its ca.crt only at start, and "
+                        "cannot check the extender's certificate from the new CA until "
+                        "then)",
+                        where,
+                    )
+                return plan.pair
         raise ApiUnavailableError("the client certificate Secret kept changing under us")
 
     async def _read(self, path: str) -> JSON | None:

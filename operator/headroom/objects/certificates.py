@@ -241,6 +241,8 @@ def renewal(
         cert = x509.load_pem_x509_certificate(current.cert)
     except ValueError:
         return fresh(policy, now), "the stored certificates cannot be read"
+    if not _ca_key_matches(current.ca_key, ca):
+        return fresh(policy, now), "the stored CA key cannot sign for its certificate"
     trust = [c for c in _trusted(current.trust, now) if c != ca]
     if late(ca, now):
         ca_cert, ca_key = new_ca(now, policy.ca_validity)
@@ -267,6 +269,14 @@ def renewal(
     except (ValueError, TypeError, CertificateError):
         return fresh(policy, now), "the stored CA key cannot be used"
     return Bundle(current.ca_cert, current.ca_key, cert_pem, key_pem, pruned), reason
+
+
+def _ca_key_matches(key_pem: bytes, ca: x509.Certificate) -> bool:
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        return False
+    return isinstance(key, ec.EllipticCurvePrivateKey) and key.public_key() == ca.public_key()
 
 
 def _serving_problem(

@@ -50,26 +50,50 @@ class ClientPair:
     trust: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class ClientRenewal:
+    """The pair to write and why; ``new_ca``: its ``ca.crt`` trusts a CA the one it
+    replaces did not (a CA rotation), which a running scheduler sees only when
+    restarted."""
+
+    pair: ClientPair
+    reason: str
+    new_ca: bool = False
+
+
 def client_renewal(
     current: ClientPair | None, bundle: Bundle, name: str, now: datetime, validity: timedelta
-) -> tuple[ClientPair, str] | None:
-    """The pair to write instead of ``current`` and why, or None while it is good.
+) -> ClientRenewal | None:
+    """What to write instead of ``current``, or None while it is good.
 
-    Issued by the bundle's current CA, which the extender trusts at once (its trust is
-    the whole bundle). ``ca.crt`` follows the bundle's trust, so that a scheduler started
-    after a CA rotation trusts the serving certificate of either CA.
+    A certificate from any live CA of the bundle's trust is kept until its last third:
+    after a CA rotation every replica's extender still trusts it, whichever of them has
+    read the rotation yet, and the one issued next (by the new CA) comes months later,
+    when all of them trust that CA. ``ca.crt`` follows the bundle's trust, so that a
+    scheduler started after a CA rotation trusts the serving certificate of either CA.
     """
     reason = _client_problem(current, bundle, name, now)
     if reason is None:
         assert current is not None
-        if current.trust != bundle.trust:
-            return ClientPair(current.cert, current.key, bundle.trust), "the trusted CAs changed"
-        return None
+        if current.trust == bundle.trust:
+            return None
+        pair = ClientPair(current.cert, current.key, bundle.trust)
+        new_ca = bool(_cas(bundle.trust) - _cas(current.trust))
+        why = "a new CA is trusted" if new_ca else "an expired CA is no longer trusted"
+        return ClientRenewal(pair, why, new_ca)
     try:
         cert, key = issue(bundle.ca_cert, bundle.ca_key, (name,), now, validity, client=True)
     except (ValueError, TypeError, CertificateError) as error:
         raise CertificateError(f"the CA cannot issue the client certificate: {error}") from error
-    return ClientPair(cert, key, bundle.trust), reason
+    new_ca = current is not None and bool(_cas(bundle.trust) - _cas(current.trust))
+    return ClientRenewal(ClientPair(cert, key, bundle.trust), reason, new_ca)
+
+
+def _cas(pems: bytes) -> set[x509.Certificate]:
+    try:
+        return set(x509.load_pem_x509_certificates(pems))
+    except ValueError:
+        return set()
 
 
 def _client_problem(
@@ -79,11 +103,11 @@ def _client_problem(
         return "no client certificate yet"
     try:
         cert = x509.load_pem_x509_certificate(current.cert)
-        ca = x509.load_pem_x509_certificate(bundle.ca_cert)
     except ValueError:
         return "the stored client certificate cannot be read"
-    if not signed_by(cert, ca):
-        return "the client certificate is not signed by the current CA"
+    live = [ca for ca in _cas(bundle.trust) if ca.not_valid_after_utc > now]
+    if not any(signed_by(cert, ca) for ca in live):
+        return "the client certificate is not signed by a trusted CA"
     if cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME) != [
         x509.NameAttribute(NameOID.COMMON_NAME, name)
     ]:
