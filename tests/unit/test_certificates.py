@@ -167,3 +167,17 @@ def test_the_ca_bundle_is_patched_only_where_it_differs() -> None:
     assert ca_bundle_patch(configuration, trust) == []
     assert published_bundle(configuration) == trust * 3
     assert published_bundle({"webhooks": [{"clientConfig": {"caBundle": "%%"}}]}) == b""
+
+
+def test_a_ca_key_that_cannot_sign_for_its_certificate_gets_a_fresh_bundle() -> None:
+    """Caught at once, not at the next serving renewal months later (the client
+    certificate for the extender is issued from it every period)."""
+    bundle = fresh(POLICY, T0)
+    other = fresh(POLICY, T0)
+    for key in (other.ca_key, b"not a key"):
+        broken = Bundle(bundle.ca_cert, key, bundle.cert, bundle.key, bundle.trust)
+        plan = renewal(broken, POLICY, T0)
+        assert plan is not None
+        assert plan[1] == "the stored CA key cannot sign for its certificate"
+        assert plan[0].ca_cert != bundle.ca_cert
+    assert renewal(bundle, POLICY, T0) is None
