@@ -13,7 +13,8 @@ cores); ``HEADROOM_SIM_BASE`` the first seed (default 0), to explore new ones.
 Every behaviour checked here also has a test on the real control plane
 (tests/integration/test_reconcile.py, test_pod_gates.py, test_quotas.py,
 test_pod_gates_found_by_sim.py (what the schedules found, reduced to one step each),
-tests/e2e/test_liveness.py, test_chaos.py, test_pod_gates_scheduled.py).
+tests/e2e/test_liveness.py, test_chaos.py, test_pod_gates_scheduled.py,
+test_scheduler_extender.py for the pods kube-scheduler binds through the extender).
 """
 
 from __future__ import annotations
@@ -100,6 +101,17 @@ def test_seeded_schedules_keep_every_promise() -> None:
         # a noisy tenant (bursts of creates, heartbeat storms) beside the others
         "noisy-create",
         "noisy-beat",
+        # pods the headroom scheduler binds through the extender (headroom_dev.sim.scheduled):
+        # binds checked against the store, refused, answered 503 by a replica that does not
+        # decide (crashed, paused, standby), pods run out by their quota's lifetime
+        "sched-bound-checked",
+        "sched-bind-refused",
+        "sched-filter-503",
+        "sched-bind-503",
+        "sched-unschedulable",
+        "sched-deadline-exceeded",
+        "sched-final-running",
+        "sched-final-unbound",
     ):
         assert totals[what] > 0 or len(seeds) < 100, f"no schedule had {what}"
 

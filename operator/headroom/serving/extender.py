@@ -5,9 +5,8 @@ tags: the field names as they are, ``Pod``, ``NodeNames``, ``FailedAndUnresolvab
 ``Host``, ``Score``). The scheduler is configured ``nodeCacheCapable: true``, so it
 sends node names, not Node objects.
 
-Filter reads the ledger and holds nothing; a pod it finds no node for is queued, after
-the answer, as a reservation that waits on the best node refused for want of room
-(:meth:`headroom.control.gates.Gates.queue`), so that pods wait in the ledger's queues.
+What the calls do is :class:`headroom.control.schedulerextender.SchedulerExtender`'s;
+this module carries them.
 
 Only a leader whose ledger is rebuilt answers; any other replica answers 503, which
 kube-scheduler treats as an error and retries with backoff: the pod is never bound
@@ -36,11 +35,9 @@ from typing import Any
 
 from aiohttp import web
 
-from headroom.control.binder import BindCall, Binder
+from headroom.control.binder import BindCall
 from headroom.control.controller import Controller
-from headroom.control.extender import filter_nodes, prioritize, queue_node
-from headroom.control.state import pod_key
-from headroom.control.tasks import BackgroundTasks
+from headroom.control.schedulerextender import SchedulerExtender
 from headroom.objects.certificates import Bundle
 from headroom.serving.tls import SwappableContext, context_from_pem
 
@@ -60,14 +57,12 @@ class ExtenderServer:
     ) -> None:
         """``deciding``: whether this replica leads with its ledger rebuilt. ``tls``:
         HTTPS to the scheduler's client certificate only, from :meth:`load` on."""
-        self._controller, self._host, self._port = controller, host, port
-        self._deciding, self._binpack = deciding, binpack
+        self._host, self._port, self._deciding = host, port, deciding
+        self._extender = SchedulerExtender(controller, binpack=binpack)
         self._tls = SwappableContext(require_clients=True) if tls else None
         self._directory: str | None = None
         self._certificate: bytes | None = None
         self._runner: web.AppRunner | None = None
-        self._binder = Binder(controller.gates, controller.clock)
-        self._queueing = BackgroundTasks()
         self.port = port
 
     async def start(self) -> None:
@@ -108,7 +103,7 @@ class ExtenderServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-        await self._queueing.stop()
+        await self._extender.stop()
         if self._directory is not None:
             await asyncio.to_thread(shutil.rmtree, self._directory, True)
 
@@ -134,19 +129,7 @@ class ExtenderServer:
         args = await self._args(request)
         if args is None:
             return web.json_response({"Error": "expected ExtenderArgs with Pod and NodeNames"})
-        pod, names = args
-        key = pod_key(pod)
-        own = self._controller.gates.record_for_claim(key, pod)
-        now = self._controller.clock.now()
-        strict = self._controller.config.queueing.strict
-        found = filter_nodes(self._controller.state, pod, names, now, own=own, strict=strict)
-        if found.nodes or found.gave_up:
-            self._controller.room_waiters.forget(key)
-        elif names:  # the ledger refused every node the scheduler could use: it waits
-            self._controller.room_waiters.waits(key, pod, names, anywhere=found.for_quota)
-            node = queue_node(self._controller.state, pod, found, now)
-            if node is not None:
-                self._queueing.spawn(self._controller.gates.queue(key, pod, node))
+        found = self._extender.filter(*args)
         return web.json_response(
             {"NodeNames": found.nodes, "FailedAndUnresolvableNodes": found.refused, "Error": ""}
         )
@@ -157,9 +140,7 @@ class ExtenderServer:
         args = await self._args(request)
         if args is None:
             return web.json_response([])
-        pod, names = args
-        now = self._controller.clock.now()
-        scores = prioritize(self._controller.state, pod, names, now, binpack=self._binpack)
+        scores = self._extender.prioritize(*args)
         return web.json_response([{"Host": n, "Score": s} for n, s in scores.items()])
 
     async def _bind(self, request: web.Request) -> web.Response:
@@ -170,9 +151,4 @@ class ExtenderServer:
         if not isinstance(body, dict) or not all(isinstance(body.get(f), str) for f in fields):
             return web.json_response({"Error": f"expected ExtenderBindingArgs with {fields}"})
         call = BindCall(body["PodNamespace"], body["PodName"], body["PodUID"], body["Node"])
-        error = await self._binder.bind(call)
-        if not error:
-            self._controller.room_waiters.forget((call.namespace, call.name))
-        if error:
-            log.info("pod %s/%s not bound to %s: %s", call.namespace, call.name, call.node, error)
-        return web.json_response({"Error": error})
+        return web.json_response({"Error": await self._extender.bind(call)})

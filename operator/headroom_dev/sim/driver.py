@@ -5,7 +5,8 @@ two operator processes (``headroom.control.Controller`` exactly as production
 runs it, with leader election in some schedules), nodes, tenants who create,
 heartbeat (through their reservation or an owner pod) and delete reservations,
 in some schedules gated pods and the cluster around them
-(:mod:`headroom_dev.sim.pods`), in some tenants under HeadroomQuotas that an
+(:mod:`headroom_dev.sim.pods`), in some others pods that kube-scheduler binds through
+the extender (:mod:`headroom_dev.sim.scheduled`), in some tenants under HeadroomQuotas that an
 admin raises, lowers, deletes and creates again, in some a noisy tenant who creates
 reservations in bursts and heartbeats them many times a second, and an adversary
 who resizes and deletes nodes,
@@ -14,7 +15,8 @@ leader past its Lease, cuts the network for a while, breaks watches and compacts
 history — on top of a network that throttles, fails, loses answers and drops,
 duplicates and delays watch events. Then everything calms down, every owner goes silent, and
 the schedule runs until it quiesces. :mod:`headroom_dev.sim.checks` and
-:mod:`headroom_dev.sim.podchecks` say what is checked.
+:mod:`headroom_dev.sim.podchecks` and :mod:`headroom_dev.sim.scheduledchecks` say
+what is checked.
 
 Replay one schedule, with the operator's log::
 
@@ -37,6 +39,7 @@ from typing import Any
 from headroom.api.config import OperatorConfig
 from headroom.api.constants import GPU_COUNT_LABEL, GPU_MEMORY_LABEL, OWNER_LABEL
 from headroom.control.controller import Controller
+from headroom.control.schedulerextender import SchedulerExtender
 from headroom.control.supervisor import Supervisor
 from headroom.kube.events import EventRecorder
 from headroom.kube.leader import LeaderElector, LeaseSettings
@@ -48,12 +51,15 @@ from headroom_dev.sim.fakeapi.client import FakeClient
 from headroom_dev.sim.loop import VirtualClock, run_virtual
 from headroom_dev.sim.podchecks import PodChecker
 from headroom_dev.sim.pods import PodWorld
+from headroom_dev.sim.scheduled import ScheduledWorld
+from headroom_dev.sim.scheduledchecks import ScheduledChecker
 
 NAMESPACE = "sim"
 LEASE = ("kube-system", "headroom")
 WINDOW = 20.0
 QUIESCE = 90.0  # virtual seconds of calm at the end: a window, a resync, and slack
 POD_SHARE = 0.5  # of schedules that have gated pods (headroom_dev.sim.pods)
+SCHEDULED_SHARE = 0.6  # of the others, that have pods for the headroom scheduler
 QUOTA_SHARE = 0.5  # of schedules with tenants under quotas
 TEAMS = ("team-a", "team-b")  # both under quota "team"; team-b also under "b-only"
 NOISY_SHARE = 0.3  # of schedules with a tenant that floods creates and heartbeats
@@ -76,9 +82,18 @@ def simulate(seed: int) -> Outcome:
     return run_virtual(_Schedule(seed).run(), max_virtual_seconds=3600)
 
 
-def _config(leader: bool, strict: bool) -> OperatorConfig:
+def _config(leader: bool, strict: bool, bind_grace: float | None = None) -> OperatorConfig:
+    """``bind_grace``: placement by the headroom scheduler, through the extender (whose
+    calls the schedule makes directly: no port is served)."""
+    scheduled: JSON = {}
+    if bind_grace is not None:
+        scheduled = {
+            "extenderPort": 0,
+            "placement": {"mode": "scheduler", "bindGrace": f"{bind_grace:g}s"},
+        }
     return OperatorConfig.model_validate(
         {
+            **scheduled,
             "queueing": {"strategy": "StrictFIFO" if strict else "BestEffortFIFO"},
             "limits": {"heartbeatStaleWindow": f"{WINDOW:g}s", "maxEntriesPerNode": 6},
             "podRequests": "subtract",  # what bound pods requested is not the ledger's
@@ -134,6 +149,7 @@ class Process:
             run_id=self.run_id,
             events=EventRecorder(self.client, clock=s.clock, instance=self.name),
         )
+        self.extender = SchedulerExtender(self.controller) if s.scheduled is not None else None
         self.replica = Replica(self.name, self.run_id, started_at=float("inf"))
         s.checker.replicas[self.run_id] = self.replica
         self.task = asyncio.create_task(self._run(), name=f"{self.name}-main")
@@ -156,6 +172,18 @@ class Process:
         s.checker.deciders.append(self.replica)
         s.disturbed()  # a new operator: the pods' clocks start again (podpromises)
 
+    @property
+    def deciding(self) -> bool:
+        """Whether its extender answers (not 503): alive and running, not paused, its
+        ledger rebuilt, the leader (as ``headroom.main`` decides)."""
+        return (
+            self.alive
+            and not self.client.paused
+            and self.replica.controller is not None
+            and self.controller.ready.is_set()
+            and (self.elector is None or self.elector.may_act())
+        )
+
     def crash(self, why: str = "killed") -> None:
         """The process dies: its network goes, its tasks stop, nothing is written after."""
         if not self.alive:
@@ -167,6 +195,8 @@ class Process:
         self.schedule.disturbed()
         self.task.cancel()
         self.schedule.spawn(self.controller.stop())
+        if self.extender is not None:
+            self.schedule.spawn(self.extender.stop())
         self.schedule.restart_later()  # as the Deployment would
 
 
@@ -182,7 +212,11 @@ class _Schedule:
             bookmark_interval=self.rng.choice([5.0, 60.0]),
         )
         self.leader = self.rng.random() < 0.35
-        self.config = _config(self.leader, strict=self.rng.random() < 0.5)
+        strict = self.rng.random() < 0.5
+        with_pods = self.rng.random() < POD_SHARE
+        scheduled = not with_pods and self.rng.random() < SCHEDULED_SHARE
+        bind_grace = self.rng.choice([5.0, 20.0, 60.0]) if scheduled else None
+        self.config = _config(self.leader, strict, bind_grace)
         lease_path = resource_path("coordination.k8s.io", "v1", "leases", *LEASE)
         self.pauses: list[tuple[str, float, float]] = []  # (run id, from, to)
         self.checker = Checker(
@@ -198,9 +232,14 @@ class _Schedule:
         self.pod_checker = PodChecker(self.checker, steady_since=self.steady_since)
         self._disturbed_at = 0.0  # the last crash, start, pause's or outage's end
         self._outages = 0  # outages in progress
-        if self.rng.random() < POD_SHARE:
+        if with_pods:
             self.pods = PodWorld(self, NAMESPACE, seed=self.rng.random())
             self.server.subscribe(self.pod_checker.on_change)
+        self.scheduled: ScheduledWorld | None = None
+        self.scheduled_checker = ScheduledChecker(self.checker, bind_grace or 0.0, self.now)
+        if scheduled:
+            self.server.subscribe(self.scheduled_checker.on_change)
+            self.scheduled = ScheduledWorld(self, NAMESPACE, seed=self.rng.random())
         self.processes: list[Process] = []
         self.numbers = 0
         self.nodes: dict[str, int] = {}
@@ -270,12 +309,15 @@ class _Schedule:
                 self.server.ensure_namespace(team, {"team": "t"})
             self.put_quota("team", {"matchLabels": {"team": "t"}})
             self.put_quota("b-only", {"matchLabels": {NAME_LABEL: "team-b"}})
-            if self.pods is not None:  # the gated pods' namespace, under a quota of its own
+            if self.pods is not None or self.scheduled is not None:
+                # the claim pods' namespace, under a quota of its own
                 self.put_quota("pods", {"matchLabels": {NAME_LABEL: NAMESPACE}})
         for i in range(self.rng.randint(1, 3)):
             self.put_node(f"node-{i}")
         for _ in range(2 if self.leader else 1):
             self.start_process()
+        if self.scheduled is not None:
+            self.scheduled.start()
         actions: list[tuple[float, Callable[[], None]]] = [
             (12, self.create_reservation),
             (2, self.delete_reservation),
@@ -291,6 +333,7 @@ class _Schedule:
             *([(1.0, self.change_quota)] if self.quotas else []),
             *([(1.0, self.flood)] if self.flooding else []),
             *(self.pods.actions() if self.pods is not None else []),
+            *(self.scheduled.actions() if self.scheduled is not None else []),
         ]
         weights = [w for w, _ in actions]
         for _ in range(self.rng.randint(10, 35)):
@@ -300,20 +343,22 @@ class _Schedule:
         living = next((p for p in reversed(self.processes) if p.alive), None)
         controller = living.controller if living is not None and living.replica.controller else None
         reservations = self.server.reservations()
-        self.checker.final(reservations, controller, may_wait=self.pod_checker.may_wait)
+        may_wait = (
+            self.pod_checker.may_wait if self.scheduled is None else self.scheduled_checker.may_wait
+        )
+        self.checker.final(reservations, controller, may_wait=may_wait)
+        quotas = [q for n in QUOTA_NAMES if (q := self.server.get(f"{QUOTAS}/{n}"))]
+        namespaces = {
+            n: (ns.get("metadata") or {}).get("labels") or {}
+            for n in (NAMESPACE, *TEAMS)
+            if (ns := self.server.get(resource_path("", "v1", "namespaces", None, n))) is not None
+        }
         if self.pods is not None:
-            quotas = [q for n in QUOTA_NAMES if (q := self.server.get(f"{QUOTAS}/{n}"))]
-            namespaces = {
-                n: self.server.get(resource_path("", "v1", "namespaces", None, n)) or {}
-                for n in (NAMESPACE, *TEAMS)
-            }
             self.pod_checker.final(
-                self.server.pods(),
-                reservations,
-                self.server.nodes(),
-                quotas,
-                {n: (ns.get("metadata") or {}).get("labels") or {} for n, ns in namespaces.items()},
+                self.server.pods(), reservations, self.server.nodes(), quotas, namespaces
             )
+        if self.scheduled is not None:
+            self.scheduled_checker.final(self.server.pods(), reservations, quotas, namespaces)
         self.ending = True
         for process in self.processes:
             process.crash("end of schedule")
@@ -350,6 +395,15 @@ class _Schedule:
         await asyncio.sleep(QUIESCE)
 
     # -- operators -------------------------------------------------------------------------
+
+    def extender(self) -> SchedulerExtender | None:
+        """The extender of the replica a scheduler's call reaches (the Service picks one
+        at random), or None when that one answers 503."""
+        living = [p for p in self.processes if p.alive]
+        if not living:
+            return None
+        process = self.rng.choice(living)
+        return process.extender if process.deciding else None
 
     def start_process(self) -> None:
         self.numbers += 1
@@ -499,7 +553,8 @@ class _Schedule:
 
     def change_quota(self) -> None:
         """An admin raises or lowers a quota, or deletes it (and may create it again)."""
-        name = self.rng.choice(QUOTA_NAMES if self.pods is not None else QUOTA_NAMES[:2])
+        claim_pods = self.pods is not None or self.scheduled is not None
+        name = self.rng.choice(QUOTA_NAMES if claim_pods else QUOTA_NAMES[:2])
         selector = {
             "team": {"matchLabels": {"team": "t"}},
             "b-only": {"matchLabels": {NAME_LABEL: "team-b"}},

@@ -200,7 +200,7 @@ class PodChecker:
             if (pod is None or finished(pod)) and _phase(reservation) in ("Admitted", "Queued"):
                 why = "is gone" if pod is None else (pod.get("status") or {}).get("phase")
                 self.fail(f"{_key(reservation)}: {_phase(reservation)}, but its pod {why}")
-        room = _Room(pods, reservations, limit, max_entries)
+        room = NodeRoom(pods, reservations, limit, max_entries)
         by_name = {n["metadata"]["name"]: n for n in nodes}
         named = {_key(r): r for r in reservations}
         for pod in pods:
@@ -282,7 +282,7 @@ class PodChecker:
         return any(allowed(node) for node in nodes.values())
 
 
-class _Room:
+class NodeRoom:
     """Each node's room as the ledger should see it at quiescence, computed again:
     the node's limit, less Admitted reservations, less what bound pods request
     beyond what they hold (the ``podRequests: subtract`` mode)."""
