@@ -122,7 +122,10 @@ def _webhook(
     clients = None
     if config.extender_client_secret is not None:
         clients = ClientCertificateTarget(
-            config.extender_client_secret, EXTENDER_CLIENT, certificate.validity
+            config.extender_client_secret,
+            EXTENDER_CLIENT,
+            certificate.validity,
+            config.extender_scheduler_deployment,
         )
 
     async def serve(bundle: Bundle) -> None:

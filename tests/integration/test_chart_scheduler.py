@@ -9,6 +9,8 @@ runs in the real kube-scheduler and binds through the operator is in
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -125,9 +127,17 @@ def test_on_the_extender_answers_only_the_client_certificate_the_scheduler_mount
     assert volume["secret"]["secretName"] == "headroom-scheduler-client"
     # The operator may write it (beside its webhook's), by name.
     rules = by_kind(docs, "Role")["headroom-webhook-cert"]["rules"]
-    [named] = [r for r in rules if "resourceNames" in r]
-    assert named["resourceNames"] == ["headroom-webhook-cert", "headroom-scheduler-client"]
-    assert named["verbs"] == ["get", "update"]
+    [secrets] = [r for r in rules if "resourceNames" in r and r["resources"] == ["secrets"]]
+    assert secrets["resourceNames"] == ["headroom-webhook-cert", "headroom-scheduler-client"]
+    assert secrets["verbs"] == ["get", "update"]
+    # And restart the scheduler (its pods read ca.crt only at start), by name.
+    assert config.extender_scheduler_deployment == "headroom-scheduler"
+    assert {
+        "apiGroups": ["apps"],
+        "resources": ["deployments"],
+        "resourceNames": ["headroom-scheduler"],
+        "verbs": ["get", "patch"],
+    } in rules
 
 
 def test_on_without_the_webhook_the_chart_refuses_to_render() -> None:
@@ -206,7 +216,8 @@ def test_on_the_operator_writes_and_renews_the_client_secret_with_only_the_chart
     kubectl: Kubectl,
 ) -> None:
     """As the chart's ServiceAccount with ``scheduler.enabled``'s Role: the client Secret
-    is created, and a broken one replaced (update, allowed by name); nothing Forbidden."""
+    is created, and a broken one replaced (update, allowed by name); the scheduler's
+    Deployment is restarted for its ca.crt (get, patch by name); nothing Forbidden."""
     [role] = [
         d
         for d in render(f"scheduler={ON}")
@@ -227,7 +238,15 @@ def test_on_the_operator_writes_and_renews_the_client_secret_with_only_the_chart
         "extenderPort": 0,
         "extenderHost": "127.0.0.1",
         "extenderClientSecret": "headroom-scheduler-client",
+        "extenderSchedulerDeployment": "headroom-scheduler",
     }
+    [deployment] = [
+        d
+        for d in render(f"scheduler={ON}")
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "headroom-scheduler"
+    ]
+    apps = client.AppsV1Api(core.api_client)
+    apps.create_namespaced_deployment(NAMESPACE, deployment)
     operator = operator_as_service_account(control_plane, tmp_path, config).start()
     try:
 
@@ -254,9 +273,21 @@ def test_on_the_operator_writes_and_renews_the_client_secret_with_only_the_chart
             assert now["tls.crt"] not in (first["tls.crt"], "YnJva2Vu")
 
         eventually(replaced, timeout=30)
+
+        def restarted_for_its_ca() -> None:
+            trust = base64.b64decode(written()["ca.crt"])
+            template = apps.read_namespaced_deployment("headroom-scheduler", NAMESPACE).spec
+            annotations = template.template.metadata.annotations or {}
+            assert (
+                annotations.get("headroom.dev/extender-ca")
+                == (hashlib.sha256(trust).hexdigest()[:16])
+            )
+
+        eventually(restarted_for_its_ca, timeout=30)
         tail = operator.tail(200)
         assert "Forbidden" not in tail
         assert 403 not in http_statuses(tail), tail
     finally:
         operator.stop()
         core.delete_namespaced_secret("headroom-scheduler-client", NAMESPACE)
+        apps.delete_namespaced_deployment("headroom-scheduler", NAMESPACE)

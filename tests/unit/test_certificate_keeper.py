@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import hashlib
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,7 +33,8 @@ POLICY = CertificatePolicy(
 
 
 class TinyApi:
-    """get/create/replace/json_patch with resourceVersions, 404 and 409, as the server."""
+    """get/create/replace/json_patch/merge_patch with resourceVersions, 404 and 409, as
+    the server."""
 
     def __init__(self) -> None:
         self.objects: dict[str, JSON] = {}
@@ -67,6 +69,25 @@ class TinyApi:
             raise ApiError(409, "Conflict", path)
         self.writes.append(f"replace {path}")
         return self._stored(path, body)
+
+    async def merge_patch(self, path: str, patch: JSON) -> JSON:
+        await asyncio.sleep(0)
+        if path not in self.objects:
+            raise ApiError(404, "NotFound", path)
+
+        def merged(into: Any, change: Any) -> Any:
+            if not isinstance(change, dict) or not isinstance(into, dict):
+                return change
+            out = dict(into)
+            for key, value in change.items():
+                if value is None:
+                    out.pop(key, None)
+                else:
+                    out[key] = merged(into.get(key), value)
+            return out
+
+        self.writes.append(f"merge {path}")
+        return self._stored(path, merged(self.objects[path], patch))
 
     async def json_patch(self, path: str, operations: list[JSON]) -> JSON:
         await asyncio.sleep(0)
@@ -295,3 +316,51 @@ def test_a_replica_a_pass_behind_still_trusts_the_client_certificate() -> None:
             cert.verify_directly_issued_by(issuers[0])
         rotations.add(served["a"][-1].ca_cert)
     assert len(rotations) >= 3  # the first CA and at least two rotations
+
+
+DEPLOYMENT = "/apis/apps/v1/namespaces/ops/deployments/headroom-scheduler"
+
+
+def test_the_scheduler_is_restarted_once_whenever_the_cas_it_must_trust_change() -> None:
+    """Weekly for two years: its pod template always carries the digest of the ca.crt
+    in the Secret it mounts, and is patched only when that changes (rotations, an
+    expired CA leaving, the first install), never twice for one change."""
+    api, clock = TinyApi(), Clock()
+    api._stored(CONFIGURATION, configuration())
+    api._stored(DEPLOYMENT, {"metadata": {"name": "headroom-scheduler"}, "spec": {}})
+    clients = ClientCertificateTarget(
+        "headroom-scheduler-client", "headroom-scheduler", timedelta(days=90), "headroom-scheduler"
+    )
+    target = CertificateTarget("ops", "headroom-webhook-cert", "headroom", POLICY, clients)
+
+    async def serve(bundle: Bundle) -> None:
+        pass
+
+    one = CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
+    start, seen = clock.at, []
+    for week in range(0, 115):
+        clock.at = start + timedelta(weeks=week)
+        asyncio.run(one.sync())
+        trust = data(api, "headroom-scheduler-client", "ca.crt")
+        annotations = api.objects[DEPLOYMENT]["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["headroom.dev/extender-ca"] == hashlib.sha256(trust).hexdigest()[:16]
+        if not seen or seen[-1] != trust:
+            seen.append(trust)
+    restarts = [w for w in api.writes if w == f"merge {DEPLOYMENT}"]
+    assert len(restarts) == len(seen)  # one per ca.crt the scheduler had to read again
+    assert len(seen) >= 5  # the first, two rotations, and the old CAs leaving
+
+
+def test_without_the_schedulers_deployment_nothing_is_restarted() -> None:
+    api, clock = TinyApi(), Clock()
+    clients = ClientCertificateTarget(
+        "headroom-scheduler-client", "headroom-scheduler", timedelta(days=90), "headroom-scheduler"
+    )
+    target = CertificateTarget("ops", "headroom-webhook-cert", None, POLICY, clients)
+
+    async def serve(bundle: Bundle) -> None:
+        pass
+
+    one = CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
+    asyncio.run(one.sync())  # a 404 for the Deployment: not installed (yet), no error
+    assert not [w for w in api.writes if "deployments" in w]

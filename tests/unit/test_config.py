@@ -174,6 +174,8 @@ def test_the_extender_serves_https_to_client_certificates_only_beside_the_webhoo
         parse_config("extenderPort: 9444\nextenderClientSecret: sched-client\n", "f.yaml")
     with pytest.raises(ConfigError, match=r"extenderClientSecret 'c' needs extenderPort"):
         parse_config("extenderClientSecret: c\nwebhook: {enabled: true}\n", "f.yaml")
+    with pytest.raises(ConfigError, match=r"extenderSchedulerDeployment 'd' needs"):
+        parse_config("extenderPort: 9444\nextenderSchedulerDeployment: d\n", "f.yaml")
     with pytest.raises(ConfigError, match=r"'headroom-webhook-cert' is the webhook's"):
         parse_config(
             "extenderPort: 9444\nextenderClientSecret: headroom-webhook-cert\n"

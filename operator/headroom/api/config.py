@@ -403,6 +403,17 @@ class OperatorConfig(BaseModel):
             "webhook's, for the scheduler to mount. Needs webhook.enabled."
         ),
     )
+    extender_scheduler_deployment: str | None = Field(
+        None,
+        alias="extenderSchedulerDeployment",
+        min_length=1,
+        max_length=253,
+        description=(
+            "The scheduler's Deployment, beside that Secret: restarted (a pod-template "
+            "annotation) when the CAs in its ca.crt change, which kube-scheduler reads only "
+            "at start. Null: restart it by hand after a CA rotation (the operator warns)."
+        ),
+    )
     metrics_port: StrictInt = Field(8443, alias="metricsPort", ge=0, le=65535)
     metrics_host: str = Field("0.0.0.0", alias="metricsHost")
     metrics_secure: StrictBool = Field(
@@ -439,6 +450,11 @@ class OperatorConfig(BaseModel):
             raise ValueError(
                 f"extenderClientSecret {self.extender_client_secret!r} needs extenderPort and "
                 "webhook.enabled: the extender serves the webhook's certificate"
+            )
+        if self.extender_scheduler_deployment is not None and self.extender_client_secret is None:
+            raise ValueError(
+                f"extenderSchedulerDeployment {self.extender_scheduler_deployment!r} needs "
+                "extenderClientSecret: it is restarted when that Secret's ca.crt changes"
             )
         if self.extender_client_secret == self.webhook.certificate.secret_name:
             raise ValueError(

@@ -52,6 +52,7 @@ from headroom.objects.clientcerts import (
     client_from_secret,
     client_renewal,
     client_secret_body,
+    restart_patch,
 )
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,13 @@ SECRET_LABELS = {"app.kubernetes.io/managed-by": "headroom-operator"}
 
 @dataclass(frozen=True, slots=True)
 class ClientCertificateTarget:
-    """The Secret (beside the CA's) that holds a client certificate for ``name``."""
+    """The Secret (beside the CA's) that holds a client certificate for ``name``, and the
+    Deployment (beside it too) whose pods mount it and read its ``ca.crt`` at start."""
 
     secret: str
     name: str
     validity: timedelta
+    deployment: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +144,9 @@ class CertificateKeeper:
         if configuration is not None:
             await self._publish(configuration, bundle.trust)
         if self._target.client is not None:
-            await self._current_client(bundle, self._target.client)
+            pair = await self._current_client(bundle, self._target.client)
+            if self._target.client.deployment is not None:
+                await self._restart_on_new_trust(self._target.client.deployment, pair.trust)
         return bundle
 
     def _path(self, name: str) -> str:
@@ -191,7 +196,7 @@ class CertificateKeeper:
                     plan.reason,
                     not_after(plan.pair.cert).isoformat(),
                 )
-                if plan.new_ca:
+                if plan.new_ca and client.deployment is None:
                     log.warning(
                         "the CA was rotated: restart what mounts the Secret %s (the "
                         "headroom kube-scheduler reads its ca.crt only at start, and "
@@ -201,6 +206,24 @@ class CertificateKeeper:
                     )
                 return plan.pair
         raise ApiUnavailableError("the client certificate Secret kept changing under us")
+
+    async def _restart_on_new_trust(self, name: str, trust: bytes) -> None:
+        """Roll the Deployment whose pods read ``trust`` only at start, once per change
+        (level-triggered: its pod template carries the digest of what they read)."""
+        path = resource_path("apps", "v1", "deployments", self._target.namespace, name)
+        deployment = await self._read(path)
+        if deployment is None:
+            return  # not installed (yet): its pods will read the current one
+        patch = restart_patch(deployment, trust)
+        if patch is None:
+            return
+        await self._transport.merge_patch(path, patch)
+        log.warning(
+            "the CAs the scheduler must trust changed: Deployment %s/%s restarted (its pods "
+            "read ca.crt only at start)",
+            self._target.namespace,
+            name,
+        )
 
     async def _read(self, path: str) -> JSON | None:
         try:

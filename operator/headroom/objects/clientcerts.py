@@ -8,12 +8,13 @@ the ``clientAuth`` usage: the webhook's serving certificate, signed by the same 
 not one. The operator writes that certificate into a Secret of its own, which the
 scheduler mounts; the CA's key never leaves the webhook's Secret.
 
-Rotation without a restart: kube-scheduler's client (client-go ``TLSConfigFor``) reads
+Renewal without a restart: kube-scheduler's client (client-go ``TLSConfigFor``) reads
 its client certificate files again when they change, and the kubelet updates a mounted
 Secret in place. The ``ca.crt`` it checks the extender's certificate with is read once
-at its start: after a CA rotation (once every ``caValidity``, in its last third) the
-scheduler must be restarted to trust the new CA; until then its calls fail and pods
-wait, none is bound unaccounted.
+at its start, so when that changes (a CA rotation, once every ``caValidity``, and the
+old CA's expiry) the operator restarts the scheduler's Deployment: a pod-template
+annotation, :func:`restart_patch`, that follows ``ca.crt`` (until then its calls fail
+and pods wait; none is bound unaccounted).
 
 Pure: no I/O; ``now`` is always given.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -141,3 +143,22 @@ def client_from_secret(secret: Any) -> ClientPair | None:
     except (KeyError, TypeError, binascii.Error):
         return None
     return ClientPair(cert, key, trust)
+
+
+#: The scheduler's pod-template annotation that follows its ``ca.crt``: a change rolls it.
+TRUST_ANNOTATION = "headroom.dev/extender-ca"
+
+
+def trust_digest(trust: bytes) -> str:
+    return hashlib.sha256(trust).hexdigest()[:16]
+
+
+def restart_patch(deployment: Any, trust: bytes) -> dict[str, Any] | None:
+    """The merge patch that restarts ``deployment`` (its pods read ``trust`` at start), or
+    None if its pods were started with it already."""
+    template = ((deployment or {}).get("spec") or {}).get("template") or {}
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    wanted = trust_digest(trust)
+    if annotations.get(TRUST_ANNOTATION) == wanted:
+        return None
+    return {"spec": {"template": {"metadata": {"annotations": {TRUST_ANNOTATION: wanted}}}}}
