@@ -30,21 +30,28 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.connect_timeout = 10
 
 
+async def connection_info(credentials: Credentials) -> kopf.ConnectionInfo:
+    """kopf's connection: called at start, and again by kopf after a 401, so the token
+    file is read each time (the kubelet rotates a projected token)."""
+    token = await asyncio.to_thread(credentials.read_token) or credentials.token
+    return kopf.ConnectionInfo(
+        server=credentials.server,
+        ca_path=credentials.ca_file,
+        insecure=not credentials.verify,
+        certificate_path=credentials.cert_file,
+        private_key_path=credentials.key_file,
+        scheme="Bearer" if token else None,
+        token=token.split(" ", 1)[-1] if token else None,
+    )
+
+
 def build_registry(credentials: Credentials) -> kopf.OperatorRegistry:
     """A registry with exactly Headroom's handlers (no module-level global state)."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
     async def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(
-            server=credentials.server,
-            ca_path=credentials.ca_file,
-            insecure=not credentials.verify,
-            certificate_path=credentials.cert_file,
-            private_key_path=credentials.key_file,
-            scheme="Bearer" if credentials.token else None,
-            token=credentials.token.split(" ", 1)[-1] if credentials.token else None,
-        )
+        return await connection_info(credentials)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:

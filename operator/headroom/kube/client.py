@@ -7,6 +7,12 @@ credentials the official client's loader finds (kubeconfig or in-cluster), so
 kopf and Headroom authenticate identically. Bodies are plain JSON dicts; the
 typed layer above builds them from the pydantic models.
 
+A bearer token that comes from a file (a pod's projected service-account token, which
+the kubelet replaces before it expires, within the hour) is read again every
+:data:`TOKEN_PERIOD`, and at once after a 401, as client-go's ``cachingTokenSource``
+does: a token read once at start stops working when it expires, or at the latest
+when its bound pod goes. The read is in a thread (a file, off the event loop).
+
 Every request that fails is told to ``on_error(verb, code)`` (the
 ``headroom_api_errors_total`` metric): the verb as Kubernetes names it (get, list,
 watch, create, update, patch, delete) and the HTTP status, or ``timeout`` /
@@ -15,8 +21,10 @@ watch, create, update, patch, delete) and the HTTP status, or ``timeout`` /
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +38,10 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 #: What aiohttp raises when there is no answer; the transport says ApiUnavailableError.
 _NO_ANSWER = (aiohttp.ClientError, TimeoutError, OSError)
+#: A pod's projected service-account token (the in-cluster loader's), rotated by the kubelet.
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+#: How long a token read from a file is used before it is read again (client-go's).
+TOKEN_PERIOD = 60.0
 #: The Kubernetes verb of each HTTP method (a GET with a limit is a list: ``list_page``).
 _VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
@@ -44,6 +56,8 @@ class Credentials:
     key_file: str | None = None
     token: str | None = None
     verify: bool = True
+    #: Where ``token`` was read from, to be read again (None: it never changes).
+    token_file: str | None = None
 
     @classmethod
     def from_environment(cls) -> Credentials:
@@ -53,8 +67,10 @@ class Credentials:
         """
         from kubernetes import client, config
 
+        token_file = None
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
+            token_file = SERVICE_ACCOUNT_TOKEN
         except config.ConfigException:
             config.load_kube_config()  # type: ignore[no-untyped-call]
         conf = client.Configuration.get_default_copy()
@@ -68,7 +84,21 @@ class Credentials:
             key_file=conf.key_file,
             token=token,
             verify=conf.verify_ssl,
+            token_file=token_file,
         )
+
+    def read_token(self) -> str | None:
+        """The bearer token now (``Bearer …``): the file's if there is one (blocking: call
+        it in a thread), else the one given; None if the file cannot be read (the caller
+        keeps the last good one)."""
+        if self.token_file is None:
+            return self.token
+        try:
+            with open(self.token_file, encoding="utf-8") as file:
+                value = file.read().strip()
+        except OSError:
+            return None
+        return f"Bearer {value}" if value else None
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         if not self.server.startswith("https"):
@@ -82,6 +112,28 @@ class Credentials:
         return context
 
 
+class BearerToken:
+    """The ``Authorization`` header, read again from its file every ``period`` seconds,
+    and on the next request after a 401."""
+
+    def __init__(self, credentials: Credentials, period: float = TOKEN_PERIOD) -> None:
+        self._credentials, self._period = credentials, period
+        self._value = credentials.token
+        self._read_at = time.monotonic()
+
+    async def header(self) -> str | None:
+        if self._credentials.token_file is not None and (
+            time.monotonic() - self._read_at >= self._period
+        ):
+            self._read_at = time.monotonic()
+            self._value = await asyncio.to_thread(self._credentials.read_token) or self._value
+        return self._value
+
+    def unauthorized(self) -> None:
+        """A 401: the token may have been replaced (and the old one revoked); read it now."""
+        self._read_at = -float("inf")
+
+
 class KubeClient:
     """One connection pool to one API server. Create inside the running loop."""
 
@@ -93,13 +145,14 @@ class KubeClient:
         connections: int = 64,
         user_agent: str = "headroom-operator",
         on_error: Callable[[str, str], None] | None = None,
+        token_period: float = TOKEN_PERIOD,
     ) -> None:
-        """``on_error(verb, code)``: told of every request that failed (see the module)."""
+        """``on_error(verb, code)``: told of every request that failed (see the module).
+        ``token_period``: how long a token from a file is used before it is read again."""
         self.credentials = credentials
         self._on_error = on_error
+        self._token = BearerToken(credentials, token_period)
         headers = {"User-Agent": user_agent, "Accept": "application/json"}
-        if credentials.token:
-            headers["Authorization"] = credentials.token
         self._session = aiohttp.ClientSession(
             base_url=credentials.server.rstrip("/") + "/",
             headers=headers,
@@ -128,7 +181,9 @@ class KubeClient:
         if params:
             url += "?" + urlencode(params)
         data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if data is not None else None
+        headers = await self._headers()
+        if data is not None:
+            headers["Content-Type"] = content_type
         self.calls += 1
         try:
             async with self._session.request(method, url, data=data, headers=headers) as response:
@@ -141,7 +196,13 @@ class KubeClient:
             self._failed(verb, _no_answer(error))
             raise ApiUnavailableError(f"{method} {path}: {error!r}") from error
 
+    async def _headers(self) -> dict[str, str]:
+        token = await self._token.header()
+        return {"Authorization": token} if token else {}
+
     def _failed(self, verb: str, code: str) -> None:
+        if code == "401":
+            self._token.unauthorized()
         if self._on_error is not None:
             self._on_error(verb, code)
 
@@ -212,7 +273,8 @@ class KubeClient:
         url = path.lstrip("/") + "?" + urlencode(params)
         self.calls += 1
         try:
-            async with self._session.get(url, timeout=timeout) as response:
+            headers = await self._headers()
+            async with self._session.get(url, timeout=timeout, headers=headers) as response:
                 if response.status >= 300:
                     self._failed("watch", str(response.status))
                     raise _api_error(response.status, await response.text())
