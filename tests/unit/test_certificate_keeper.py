@@ -11,9 +11,11 @@ import base64
 import copy
 import hashlib
 import json
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -351,7 +353,9 @@ def test_the_scheduler_is_restarted_once_whenever_the_cas_it_must_trust_change()
     assert len(seen) >= 5  # the first, two rotations, and the old CAs leaving
 
 
-def test_without_the_schedulers_deployment_nothing_is_restarted() -> None:
+def test_without_the_schedulers_deployment_nothing_is_restarted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     api, clock = TinyApi(), Clock()
     clients = ClientCertificateTarget(
         "headroom-scheduler-client", "headroom-scheduler", timedelta(days=90), "headroom-scheduler"
@@ -362,5 +366,36 @@ def test_without_the_schedulers_deployment_nothing_is_restarted() -> None:
         pass
 
     one = CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
-    asyncio.run(one.sync())  # a 404 for the Deployment: not installed (yet), no error
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(one.sync())  # a 404 for the Deployment: said, not an error
+        asyncio.run(one.sync())
     assert not [w for w in api.writes if "deployments" in w]
+    missing = [r for r in caplog.records if "not found" in r.getMessage()]
+    assert len(missing) == 1  # once per ca.crt, not every pass
+    assert "restarted by hand" in missing[0].getMessage()
+
+
+def test_a_restart_refused_keeps_every_certificate_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api, clock = TinyApi(), Clock()
+    api._stored(DEPLOYMENT, {"metadata": {"name": "headroom-scheduler"}, "spec": {}})
+
+    async def forbidden(path: str, patch: JSON) -> JSON:
+        raise ApiError(403, "Forbidden", "deployments is forbidden")
+
+    api.merge_patch = forbidden  # type: ignore[method-assign]
+    clients = ClientCertificateTarget(
+        "headroom-scheduler-client", "headroom-scheduler", timedelta(days=90), "headroom-scheduler"
+    )
+    target = CertificateTarget("ops", "headroom-webhook-cert", None, POLICY, clients)
+
+    async def serve(bundle: Bundle) -> None:
+        pass
+
+    one = CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(one.sync())  # no exception: the certificates are kept
+    assert f"{SECRETS}/headroom-scheduler-client" in api.objects
+    [said] = [r.getMessage() for r in caplog.records if "not restarted" in r.getMessage()]
+    assert "403 Forbidden" in said

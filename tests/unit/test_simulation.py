@@ -26,6 +26,8 @@ import subprocess
 import sys
 from collections import Counter
 
+import pytest
+
 from headroom_dev.sim.driver import Outcome, simulate
 
 SCHEDULES = int(os.environ.get("HEADROOM_SIM_SCHEDULES", "2000"))
@@ -116,11 +118,20 @@ def test_seeded_schedules_keep_every_promise() -> None:
         assert totals[what] > 0 or len(seeds) < 100, f"no schedule had {what}"
 
 
-def test_a_seed_replays_exactly_in_another_process() -> None:
+@pytest.mark.parametrize(
+    ("seed", "exercised"),
+    [
+        (BASE + 7, None),
+        # pods the headroom scheduler binds, run to their quota's deadline
+        (53, "sched-deadline-exceeded"),
+    ],
+)
+def test_a_seed_replays_exactly_in_another_process(seed: int, exercised: str | None) -> None:
     """The seed printed for a failure must reproduce it: same run, same history."""
-    seed = BASE + 7
     here = _run(seed)
     again = _run(seed)
+    if exercised is not None and not ONE:
+        assert here.stats.get(exercised, 0) > 0, f"seed {seed} no longer has {exercised}"
     code = (
         "import logging, sys; logging.disable(logging.CRITICAL);"
         "from headroom_dev.sim.driver import simulate;"

@@ -101,6 +101,7 @@ class CertificateKeeper:
         self._backoff = Backoff(base=0.5, cap=period, rng=rng or random.Random())
         self._secrets = resource_path("", "v1", "secrets", target.namespace)
         self._secret_path = self._path(target.secret)
+        self._missing_warned: bytes | None = None  # the ca.crt a missing Deployment was told
         self._configuration_path = (
             None
             if target.configuration is None
@@ -209,21 +210,37 @@ class CertificateKeeper:
 
     async def _restart_on_new_trust(self, name: str, trust: bytes) -> None:
         """Roll the Deployment whose pods read ``trust`` only at start, once per change
-        (level-triggered: its pod template carries the digest of what they read)."""
-        path = resource_path("apps", "v1", "deployments", self._target.namespace, name)
-        deployment = await self._read(path)
-        if deployment is None:
-            return  # not installed (yet): its pods will read the current one
-        patch = restart_patch(deployment, trust)
-        if patch is None:
+        (level-triggered: its pod template carries the digest of what they read). A
+        failure is said and tried again next pass; the certificates are kept meanwhile."""
+        namespace = self._target.namespace
+        path = resource_path("apps", "v1", "deployments", namespace, name)
+        try:
+            deployment = await self._read(path)
+            patch = None if deployment is None else restart_patch(deployment, trust)
+            if patch is not None:
+                await self._transport.merge_patch(path, patch)
+        except (ApiError, ApiUnavailableError) as error:
+            log.warning("Deployment %s/%s not restarted for its ca.crt: %s", namespace, name, error)
             return
-        await self._transport.merge_patch(path, patch)
-        log.warning(
-            "the CAs the scheduler must trust changed: Deployment %s/%s restarted (its pods "
-            "read ca.crt only at start)",
-            self._target.namespace,
-            name,
-        )
+        if deployment is None:
+            if self._missing_warned != trust:  # once per ca.crt, not every pass
+                self._missing_warned = trust
+                log.warning(
+                    "Deployment %s/%s (extenderSchedulerDeployment) not found: whatever "
+                    "mounts the Secret %s must be restarted by hand when its ca.crt changes",
+                    namespace,
+                    name,
+                    self._target.client.secret if self._target.client else "",
+                )
+            return
+        self._missing_warned = None
+        if patch is not None:
+            log.warning(
+                "the CAs the scheduler must trust changed: Deployment %s/%s restarted (its "
+                "pods read ca.crt only at start)",
+                namespace,
+                name,
+            )
 
     async def _read(self, path: str) -> JSON | None:
         try:

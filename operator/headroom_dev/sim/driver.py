@@ -236,6 +236,9 @@ class _Schedule:
             self.pods = PodWorld(self, NAMESPACE, seed=self.rng.random())
             self.server.subscribe(self.pod_checker.on_change)
         self.scheduled: ScheduledWorld | None = None
+        # The Service's picks draw on their own: the tenants' and the adversary's
+        # sequences do not depend on how many calls the schedulers made.
+        self.service = random.Random(self.rng.random())
         self.scheduled_checker = ScheduledChecker(self.checker, bind_grace or 0.0, self.now)
         if scheduled:
             self.server.subscribe(self.scheduled_checker.on_change)
@@ -402,7 +405,7 @@ class _Schedule:
         living = [p for p in self.processes if p.alive]
         if not living:
             return None
-        process = self.rng.choice(living)
+        process = self.service.choice(living)
         return process.extender if process.deciding else None
 
     def start_process(self) -> None:
