@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 .PHONY: help
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml requirements/dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Python 3.11+ is required" >&2; exit 1; }
@@ -82,6 +82,14 @@ test-unit: venv ## Fast tests of the pure code; no cluster.
 .PHONY: test
 test: venv controlplane helm controllers node image prometheus verify ## Install what is missing, then run every test (unit, integration, e2e).
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
+
+.PHONY: test-integration
+test-integration: venv controlplane helm controllers prometheus ## The tests on the real API server (no node, no image).
+	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+
+.PHONY: test-e2e
+test-e2e: venv controlplane helm controllers node image prometheus ## The end-to-end tests: real kube-scheduler, node, image, make dev.
+	$(VENV)/bin/pytest tests/e2e $(PYTEST_ARGS)
 
 .PHONY: sim
 sim: venv ## Many more simulation schedules than make test runs (SCHEDULES=20000, BASE=random).
