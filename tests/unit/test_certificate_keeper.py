@@ -323,6 +323,19 @@ def test_a_replica_a_pass_behind_still_trusts_the_client_certificate() -> None:
 DEPLOYMENT = "/apis/apps/v1/namespaces/ops/deployments/headroom-scheduler"
 
 
+def restarting(api: TinyApi, clock: Clock, configuration: str | None) -> CertificateKeeper:
+    """A keeper that also keeps the client Secret and restarts the scheduler's Deployment."""
+    clients = ClientCertificateTarget(
+        "headroom-scheduler-client", "headroom-scheduler", timedelta(days=90), "headroom-scheduler"
+    )
+    target = CertificateTarget("ops", "headroom-webhook-cert", configuration, POLICY, clients)
+
+    async def serve(bundle: Bundle) -> None:
+        pass
+
+    return CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
+
+
 def test_the_scheduler_is_restarted_once_whenever_the_cas_it_must_trust_change() -> None:
     """Weekly for two years: its pod template always carries the digest of the ca.crt
     in the Secret it mounts, and is patched only when that changes (rotations, an
@@ -330,15 +343,7 @@ def test_the_scheduler_is_restarted_once_whenever_the_cas_it_must_trust_change()
     api, clock = TinyApi(), Clock()
     api._stored(CONFIGURATION, configuration())
     api._stored(DEPLOYMENT, {"metadata": {"name": "headroom-scheduler"}, "spec": {}})
-    clients = ClientCertificateTarget(
-        "headroom-scheduler-client", "headroom-scheduler", timedelta(days=90), "headroom-scheduler"
-    )
-    target = CertificateTarget("ops", "headroom-webhook-cert", "headroom", POLICY, clients)
-
-    async def serve(bundle: Bundle) -> None:
-        pass
-
-    one = CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
+    one = restarting(api, clock, "headroom")
     start, seen = clock.at, []
     for week in range(0, 115):
         clock.at = start + timedelta(weeks=week)
@@ -357,15 +362,7 @@ def test_without_the_schedulers_deployment_nothing_is_restarted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     api, clock = TinyApi(), Clock()
-    clients = ClientCertificateTarget(
-        "headroom-scheduler-client", "headroom-scheduler", timedelta(days=90), "headroom-scheduler"
-    )
-    target = CertificateTarget("ops", "headroom-webhook-cert", None, POLICY, clients)
-
-    async def serve(bundle: Bundle) -> None:
-        pass
-
-    one = CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
+    one = restarting(api, clock, None)
     with caplog.at_level(logging.WARNING):
         asyncio.run(one.sync())  # a 404 for the Deployment: said, not an error
         asyncio.run(one.sync())
@@ -385,15 +382,7 @@ def test_a_restart_refused_keeps_every_certificate_and_says_why(
         raise ApiError(403, "Forbidden", "deployments is forbidden")
 
     api.merge_patch = forbidden  # type: ignore[method-assign]
-    clients = ClientCertificateTarget(
-        "headroom-scheduler-client", "headroom-scheduler", timedelta(days=90), "headroom-scheduler"
-    )
-    target = CertificateTarget("ops", "headroom-webhook-cert", None, POLICY, clients)
-
-    async def serve(bundle: Bundle) -> None:
-        pass
-
-    one = CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
+    one = restarting(api, clock, None)
     with caplog.at_level(logging.WARNING):
         asyncio.run(one.sync())  # no exception: the certificates are kept
     assert f"{SECRETS}/headroom-scheduler-client" in api.objects

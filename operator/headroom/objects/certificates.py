@@ -311,6 +311,11 @@ def secret_body(name: str, bundle: Bundle) -> dict[str, Any]:
         TLS_KEY: bundle.key,
         TRUST: bundle.trust,
     }
+    return tls_secret(name, values)
+
+
+def tls_secret(name: str, values: dict[str, bytes]) -> dict[str, Any]:
+    """A ``kubernetes.io/tls`` Secret holding ``values`` (each base64 in ``data``)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",

@@ -40,6 +40,7 @@ from headroom.objects.certificates import (
     issue,
     late,
     signed_by,
+    tls_secret,
 )
 
 
@@ -121,14 +122,7 @@ def _client_problem(
 
 def client_secret_body(name: str, pair: ClientPair) -> dict[str, Any]:
     """The Secret the scheduler mounts: ``tls.crt``, ``tls.key`` and ``ca.crt``."""
-    values = {TLS_CERT: pair.cert, TLS_KEY: pair.key, CA_CERT: pair.trust}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name},
-        "type": "kubernetes.io/tls",
-        "data": {k: base64.b64encode(v).decode() for k, v in values.items()},
-    }
+    return tls_secret(name, {TLS_CERT: pair.cert, TLS_KEY: pair.key, CA_CERT: pair.trust})
 
 
 def client_from_secret(secret: Any) -> ClientPair | None:
