@@ -304,12 +304,16 @@ def test_a_replica_a_pass_behind_still_trusts_the_client_certificate() -> None:
         return CertificateKeeper(api, target, serve, clock=clock, period=10)  # type: ignore[arg-type]
 
     a, b = keeper_of("a"), keeper_of("b")
-    start, rotations = clock.at, set()
+    start, rotations, ca_file = clock.at, set(), set()
     for week in range(0, 115):
         clock.at = start + timedelta(weeks=week)
         asyncio.run(a.sync())
         if week % 2 == 0:
             asyncio.run(b.sync())
+        now = set(x509.load_pem_x509_certificates(data(api, "headroom-scheduler-client", "ca.crt")))
+        gone = [ca for ca in ca_file - now if ca.not_valid_after_utc > clock.at]
+        assert not gone, f"week {week}: a live CA left ca.crt (the scheduler restarted back)"
+        ca_file = now
         cert = x509.load_pem_x509_certificate(data(api, "headroom-scheduler-client", "tls.crt"))
         for name, bundles in served.items():
             trusted = x509.load_pem_x509_certificates(bundles[-1].trust)

@@ -101,3 +101,39 @@ def test_the_client_secret_round_trips() -> None:
     assert client_from_secret(body) == pair
     assert client_from_secret({"data": {"tls.crt": "!!"}}) is None
     assert client_from_secret(None) is None
+
+
+def test_a_replica_a_pass_behind_a_rotation_never_takes_the_new_ca_out() -> None:
+    """Its bundle still trusts only the old CA; ca.crt, written by the replica that
+    rotated, trusts both: nothing to write (rolling the scheduler back and forth)."""
+    at = T0 + timedelta(days=250)  # the CA is in its last third
+    bundle = fresh(POLICY, T0)
+    renewed = client_renewal(first(bundle), bundle, NAME, at - timedelta(days=30), VALIDITY)
+    assert renewed is not None
+    rotation = renewal(bundle, POLICY, at)
+    assert rotation is not None
+    written = client_renewal(renewed.pair, rotation[0], NAME, at, VALIDITY)
+    assert written is not None
+    assert client_renewal(written.pair, bundle, NAME, at, VALIDITY) is None  # the stale view
+
+
+def test_only_an_expired_ca_leaves_the_ca_file() -> None:
+    old = fresh(POLICY, T0)
+    at = T0 + timedelta(days=250)
+    rotation = renewal(old, POLICY, at)
+    assert rotation is not None
+    rotated = rotation[0]
+    expired = T0 + timedelta(days=366)  # the old CA is gone by then
+    issued = client_renewal(None, rotated, NAME, expired - timedelta(days=10), VALIDITY)
+    assert issued is not None
+    pair = issued.pair
+    assert len(x509.load_pem_x509_certificates(pair.trust)) == 2
+    pruned = renewal(rotated, POLICY, expired)
+    assert pruned is not None
+    left = client_renewal(pair, pruned[0], NAME, expired, VALIDITY)
+    assert left is not None
+    assert left.reason == "an expired CA is no longer trusted"
+    assert (left.pair.cert, left.new_ca) == (pair.cert, False)
+    assert x509.load_pem_x509_certificates(left.pair.trust) == [
+        x509.load_pem_x509_certificate(rotated.ca_cert)
+    ]

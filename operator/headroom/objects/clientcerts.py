@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
 from headroom.objects.certificates import (
@@ -72,31 +73,47 @@ def client_renewal(
     A certificate from any live CA of the bundle's trust is kept until its last third:
     after a CA rotation every replica's extender still trusts it, whichever of them has
     read the rotation yet, and the one issued next (by the new CA) comes months later,
-    when all of them trust that CA. ``ca.crt`` follows the bundle's trust, so that a
+    when all of them trust that CA. ``ca.crt`` is the bundle's trust, so that a
     scheduler started after a CA rotation trusts the serving certificate of either CA.
     """
+    trust = _trust_for(bundle.trust, current, now)
     reason = _client_problem(current, bundle, name, now)
     if reason is None:
         assert current is not None
-        if current.trust == bundle.trust:
-            return None
-        pair = ClientPair(current.cert, current.key, bundle.trust)
-        new_ca = bool(_cas(bundle.trust) - _cas(current.trust))
+        if current.trust == trust or _cas(current.trust) == _cas(trust) != set():
+            return None  # the same CAs (in another order: a replica a pass behind)
+        new_ca = bool(_cas(trust) - _cas(current.trust))
         why = "a new CA is trusted" if new_ca else "an expired CA is no longer trusted"
-        return ClientRenewal(pair, why, new_ca)
+        return ClientRenewal(ClientPair(current.cert, current.key, trust), why, new_ca)
     try:
         cert, key = issue(bundle.ca_cert, bundle.ca_key, (name,), now, validity, client=True)
     except (ValueError, TypeError, CertificateError) as error:
         raise CertificateError(f"the CA cannot issue the client certificate: {error}") from error
-    new_ca = current is not None and bool(_cas(bundle.trust) - _cas(current.trust))
-    return ClientRenewal(ClientPair(cert, key, bundle.trust), reason, new_ca)
+    new_ca = current is not None and bool(_cas(trust) - _cas(current.trust))
+    return ClientRenewal(ClientPair(cert, key, trust), reason, new_ca)
+
+
+def _trust_for(bundle_trust: bytes, current: ClientPair | None, now: datetime) -> bytes:
+    """The bundle's CAs, and any live CA the written ``ca.crt`` has that they lack: a
+    replica whose view is a pass behind a CA rotation never takes the new CA out of it
+    (which would roll the scheduler back to a CA about to be replaced). Only an
+    expired CA leaves."""
+    if current is None:
+        return bundle_trust
+    ours = _cas(bundle_trust)
+    kept = [ca for ca in _listed(current.trust) if ca not in ours and ca.not_valid_after_utc > now]
+    return bundle_trust + b"".join(ca.public_bytes(serialization.Encoding.PEM) for ca in kept)
+
+
+def _listed(pems: bytes) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(pems)
+    except ValueError:
+        return []
 
 
 def _cas(pems: bytes) -> set[x509.Certificate]:
-    try:
-        return set(x509.load_pem_x509_certificates(pems))
-    except ValueError:
-        return set()
+    return set(_listed(pems))
 
 
 def _client_problem(
