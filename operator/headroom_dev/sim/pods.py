@@ -53,6 +53,7 @@ from headroom.api.constants import (
     WAIT_ANNOTATION,
 )
 from headroom.kube.transport import ApiError, resource_path
+from headroom_dev.sim.kubelet import end_at_deadline, set_phase
 from headroom_dev.sim.podedits import SIZES, GatedPodEdits, Stage
 from headroom_dev.sim.podfacts import (
     REQUIRED,
@@ -340,26 +341,13 @@ class PodWorld:
             self.stage.log(f"pod {key[1]} {phase}")
 
     async def _deadline(self, key: PodKey, uid: str) -> None:
-        """The kubelet's active deadline, counted from the pod's start: Failed, reason
-        DeadlineExceeded, once it passes (nothing here sets one after the start)."""
-        pod = self._pod(key[1])
-        deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds") if pod else None
-        if deadline is None:
-            return
-        await asyncio.sleep(deadline)
-        if self._set_phase(key, uid, "Failed", reason="DeadlineExceeded"):
+        """The kubelet's active deadline, counted from the pod's start."""
+        if await end_at_deadline(self.server, self._path(key[1]), uid):
             self.stage.count("pod-deadline-exceeded")
             self.stage.log(f"pod {key[1]} Failed: DeadlineExceeded")
 
-    def _set_phase(self, key: PodKey, uid: str, phase: str, reason: str | None = None) -> bool:
-        pod = self._pod(key[1])
-        if pod is None or pod["metadata"]["uid"] != uid or finished(pod):
-            return False
-        status: JSON = {"phase": phase, **({"reason": reason} if reason else {})}
-        with contextlib.suppress(ApiError):
-            self.server.merge_patch(self._path(key[1]) + "/status", {"status": status})
-            return True
-        return False
+    def _set_phase(self, key: PodKey, uid: str, phase: str) -> bool:
+        return set_phase(self.server, self._path(key[1]), uid, phase)
 
     def _collect_soon(self) -> None:
         if not self._collecting:

@@ -35,6 +35,7 @@ from headroom.api.constants import CLAIM_LABEL, OWNER_LABEL, RAM_ANNOTATION, WAI
 from headroom.control.binder import BindCall
 from headroom.control.schedulerextender import SchedulerExtender
 from headroom.kube.transport import ApiError, resource_path
+from headroom_dev.sim.kubelet import end_at_deadline, set_phase
 from headroom_dev.sim.podedits import SIZES, Stage
 from headroom_dev.sim.podfacts import claims, finished
 
@@ -193,21 +194,8 @@ class ScheduledWorld:
             self.stage.count("sched-pod-finished")
 
     async def _deadline(self, name: str, uid: str) -> None:
-        """Failed, ``DeadlineExceeded``, once its active deadline from its start passes."""
-        pod = self.server.get(self._path(name))
-        deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds") if pod else None
-        if deadline is None:
-            return
-        await asyncio.sleep(deadline)
-        if self._set_phase(name, uid, "Failed", reason="DeadlineExceeded"):
+        if await end_at_deadline(self.server, self._path(name), uid):
             self.stage.count("sched-deadline-exceeded")
 
-    def _set_phase(self, name: str, uid: str, phase: str, reason: str | None = None) -> bool:
-        pod = self.server.get(self._path(name))
-        if pod is None or pod["metadata"]["uid"] != uid or finished(pod):
-            return False
-        status: JSON = {"phase": phase, **({"reason": reason} if reason else {})}
-        with contextlib.suppress(ApiError):
-            self.server.merge_patch(self._path(name) + "/status", {"status": status})
-            return True
-        return False
+    def _set_phase(self, name: str, uid: str, phase: str) -> bool:
+        return set_phase(self.server, self._path(name), uid, phase)

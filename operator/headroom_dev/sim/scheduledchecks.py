@@ -152,7 +152,7 @@ class ScheduledChecker:
                 live.setdefault(owner, []).append(reservation)
         present = {p["metadata"]["uid"] for p in pods}
         for owner, held in live.items():
-            if owner not in present and any(waits_for_scheduler_owner(r) for r in held):
+            if owner not in present and any(_made_for_its_pod(r) for r in held):
                 self.fail(f"pod uid {owner} is gone but holds {_names(held)}")
         now = self.now()
         for pod in (p for p in pods if waits_for_scheduler(p)):
@@ -193,7 +193,7 @@ class ScheduledChecker:
                 self.checker.counts["sched-final-unbound"] += 1
 
 
-def waits_for_scheduler_owner(reservation: JSON) -> bool:
+def _made_for_its_pod(reservation: JSON) -> bool:
     """Whether the operator made it for a pod (named as its owner pod, owned by it)."""
     pod = ((reservation.get("spec") or {}).get("owner") or {}).get("pod")
     return pod == reservation["metadata"]["name"] and owner_pod_uid(reservation) is not None
