@@ -41,3 +41,9 @@ class Cpu:
         shares["machine"] = round(machine / wall * 100, 1)
         shares["others"] = round(max(0.0, machine - sum(used.values())) / wall * 100, 1)
         return shares
+
+    def seconds(self) -> dict[str, float]:
+        """CPU seconds each used since this was made (``machine``: every process)."""
+        used = {name: self._seconds(p) - self.before[name] for name, p in self.processes.items()}
+        used["machine"] = self._busy() - self.machine
+        return used

@@ -18,6 +18,10 @@ Each placement: ``paced`` pods at 20/s (create → bound p50/p99), then a ``burs
 created 16 at a time (pods bound per second, first create to last bound). Targets from
 issue 30: extender ≥ 0.8 × stock pods/s, and ≤ +50 ms at p50.
 
+Each burst also says what bounds it: the CPU milliseconds per pod of each process (the
+operator, the API server, etcd, both schedulers; on 2 shared cores their sum is the
+ceiling) and the API requests per pod by verb and resource (the API server's own count).
+
 Both schedulers keep kube-scheduler's default API client rate, as deployed: 50 requests
 per second after a burst of 100. It bounds the stock scheduler's Bindings (a burst of
 200 is bound at about 99/s, whatever the machine); the extender's Bindings are posted by
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import tempfile
 import time
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import ROOT, Bench, bounded, persist, say
+from cpu import Cpu
 from gates import Timeline, ns_path_pods, percentiles, until, watch_pods
 from report import write_json
 
@@ -87,7 +93,13 @@ async def make_nodes(core: Any, count: int, prefix: str) -> list[str]:
 
 
 async def placement_run(
-    client: KubeClient, bench: Bench, placement: str, paced: int, burst: int, tag: str
+    client: KubeClient,
+    bench: Bench,
+    placement: str,
+    paced: int,
+    burst: int,
+    tag: str,
+    pids: dict[str, int],
 ) -> JSON:
     namespace = await bench.namespace(client)
     timeline = Timeline()
@@ -115,11 +127,25 @@ async def placement_run(
             timeline.created[item["metadata"]["name"]] = time.monotonic()
             await persist(lambda: client.create(ns_path_pods(namespace), item), "burst", landed=409)
 
+        requests_before = await request_counts(bench.api)
+        cpu = Cpu(pids)
         began = time.monotonic()
         await bounded([create(b) for b in bodies], 16)
         await until(lambda: all(n in timeline.bound for n in names), f"{tag} burst bound", 300)
         took = max(timeline.bound[n] for n in names) - began
-        return {**latency, "burst_pods_per_s": burst / took}
+        used = cpu.seconds()
+        requests = await request_counts(bench.api)
+        per_pod = {
+            key: round((count - requests_before.get(key, 0)) / burst, 2)
+            for key, count in sorted(requests.items())
+            if (count - requests_before.get(key, 0)) / burst >= 0.05
+        }
+        return {
+            **latency,
+            "burst_pods_per_s": burst / took,
+            "cpu_ms_per_pod": {name: round(s * 1000 / burst, 1) for name, s in used.items()},
+            "requests_per_pod": per_pod,
+        }
     finally:
         watcher.cancel()
         await clear_pods(client, namespace)  # first: a bound claim pod would be re-recorded
@@ -127,6 +153,31 @@ async def placement_run(
         await persist(
             lambda: client.delete(f"/api/v1/namespaces/{namespace}"), "namespace", landed=404
         )
+
+
+async def request_counts(api: Any) -> dict[str, float]:
+    """The API server's requests so far by verb and resource (``apiserver_request_total``,
+    summed over codes): the difference over a burst is what each placement writes."""
+
+    def read() -> str:
+        answer = api.call_api("GET", api.configuration.host + "/metrics")
+        answer.read()
+        return str(answer.data.decode())
+
+    text = await asyncio.to_thread(read)
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        if not resource:
+            continue
+        key = f"{labels.get('verb', '?')} {resource}"
+        counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
 
 
 async def summaries_written(client: KubeClient, count: int) -> None:
@@ -185,6 +236,13 @@ async def run(args: argparse.Namespace) -> JSON:
                 plane, None, name="stock-bench", scheduler_name=STOCK, qps=args.qps
             ).start(),
         ]
+        pids = {
+            "operator": _pid(operator.popen),
+            "headroom-scheduler": _pid(schedulers[0].child.popen),
+        }
+        pids["stock-scheduler"] = _pid(schedulers[1].child.popen)
+        pids["kube-apiserver"] = _pid(plane.apiserver.popen)
+        pids["etcd"] = _pid(plane.etcd.popen)
         made = 0
         try:
             for size in sizes:
@@ -199,7 +257,9 @@ async def run(args: argparse.Namespace) -> JSON:
                         order.reverse()
                     for placement in order:
                         tag = f"{placement[0]}{size}r{round_}"
-                        result = await placement_run(client, bench, placement, paced, burst, tag)
+                        result = await placement_run(
+                            client, bench, placement, paced, burst, tag, pids
+                        )
                         say(f"{size} nodes, {placement}: {result}")
                         results[placement].append(result)
                 figures[f"nodes_{size}"] = summary(results)
@@ -209,6 +269,11 @@ async def run(args: argparse.Namespace) -> JSON:
             operator.stop()
             await client.close()
     return figures
+
+
+def _pid(popen: Any) -> int:
+    assert popen is not None, "a process of the bench is not running"
+    return int(popen.pid)
 
 
 def summary(results: dict[str, list[JSON]]) -> JSON:
@@ -223,6 +288,9 @@ def summary(results: dict[str, list[JSON]]) -> JSON:
         out[placement] = {
             key: median(placement, key) for key in ("p50_ms", "p99_ms", "burst_pods_per_s")
         }
+        first = results[placement][0]  # what bounds it: the first round's burst
+        out[placement]["cpu_ms_per_pod"] = first["cpu_ms_per_pod"]
+        out[placement]["requests_per_pod"] = first["requests_per_pod"]
     stock = out["stock"]
     for placement in ("extender", "gate"):
         out[placement]["ratio_to_stock"] = (
