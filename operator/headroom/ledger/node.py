@@ -58,6 +58,12 @@ class NodeState:
         {},
     )
     _outside: tuple[int, dict[str, Outside]] = (-1, {})  # (version, per device id)
+    # The RAM limit and what it was worked out from (the limits object itself, so it is
+    # never another one at a reused address): a scheduler's filter and prioritize ask it
+    # of every node for every pod, and the Fraction arithmetic was their largest cost.
+    _ram_limit: tuple[Limits | None, int | None, int, int | None] = field(
+        default=(None, None, 0, None), compare=False, repr=False
+    )
 
     @property
     def known(self) -> bool:
@@ -66,11 +72,18 @@ class NodeState:
     def limit_ram_mb(self) -> int | None:
         """Most RAM that may be reserved: ``floor(total × ratio) − reserve − memory pods
         requested beyond their claims``; None when unlimited (ratio 0) or unknown."""
-        if self.total_ram_mb is None or self.limits.unlimited:
-            return None
-        ratio = self.limits.max_overcommit_ratio
-        scaled = self.total_ram_mb * ratio.numerator // ratio.denominator
-        return max(scaled - self.limits.system_reserve_mb - self.pod_requests_mb, 0)
+        limits, total, pods, limit = self._ram_limit
+        if limits is self.limits and total == self.total_ram_mb and pods == self.pod_requests_mb:
+            return limit
+        limits, total, pods = self.limits, self.total_ram_mb, self.pod_requests_mb
+        if total is None or limits.unlimited:
+            limit = None
+        else:
+            ratio = limits.max_overcommit_ratio
+            scaled = total * ratio.numerator // ratio.denominator
+            limit = max(scaled - limits.system_reserve_mb - pods, 0)
+        self._ram_limit = (limits, total, pods, limit)
+        return limit
 
     def limit_vram_mb(self) -> int | None:
         """Most VRAM the node's claims may hold in sum: ``floor(VRAM × VRAM ratio)`` less
