@@ -2,6 +2,11 @@
 and a heading that exist, every doc is reachable from docs/README.md, and the
 reference pages name every CRD field and every label or annotation the code uses.
 
+The diagrams say what the code says, so a new phase or a new layer cannot leave a
+picture behind: the phases diagram has every ``Phase`` as a state and no other, and
+the layers diagram has every module of import-linter's layers contract, names no
+module that does not exist, and draws no arrow up the layers.
+
 Links are read as GitHub renders them: outside code, a heading's anchor is its text
 lower-cased, stripped of punctuation but ``-`` and ``_``, spaces made ``-``, and a
 repeated anchor numbered ``-1``, ``-2``....
@@ -10,6 +15,7 @@ repeated anchor numbered ``-1``, ``-2``....
 from __future__ import annotations
 
 import re
+import tomllib
 from functools import cache
 from pathlib import Path
 
@@ -17,6 +23,7 @@ import pytest
 import yaml
 
 from headroom.api import constants
+from headroom.api.reasons import Phase
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -31,6 +38,13 @@ FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.MULTILINE)
+MERMAID = re.compile(r"^```mermaid\n(.*?)^```", re.DOTALL | re.MULTILINE)
+#: A state diagram's transition ``A --> B: label``: its two ends (``[*]`` is start or end).
+TRANSITION = re.compile(r"^\s*(\S+)\s*-->\s*([^:\s]+)", re.MULTILINE)
+#: A flowchart's box ``id["label"]`` and arrow ``a --> b`` (or ``a -.->|"label"| b``).
+BOX = re.compile(r'^\s*(\w+)\["([^"]*)"\]', re.MULTILINE)
+ARROW = re.compile(r"^\s*(\w+)\s*-\.?-+>\s*(?:\|[^|]*\|\s*)?(\w+)\s*$", re.MULTILINE)
+MODULE = re.compile(r"\bheadroom\.\w+")
 
 
 def pages() -> list[Path]:
@@ -161,3 +175,65 @@ def test_the_annotations_reference_names_every_label_and_annotation() -> None:
     assert names, "no names found in headroom.api.constants"
     missing = sorted(n for n in names if f"`{n}" not in text)
     assert not missing, f"docs/reference/annotations.md lacks: {missing}"
+
+
+def diagram(page: Path, kind: str) -> str:
+    """The one Mermaid diagram of ``kind`` (its first word) on ``page``."""
+    found = [block for block in MERMAID.findall(page.read_text()) if block.split()[0] == kind]
+    assert len(found) == 1, f"{page.relative_to(ROOT)}: {len(found)} {kind} diagrams, not 1"
+    return found[0]
+
+
+def test_the_phases_diagram_has_every_phase_and_no_other_state() -> None:
+    text = diagram(DOCS / "concepts" / "decisions.md", "stateDiagram-v2")
+    states = {end for transition in TRANSITION.findall(text) for end in transition} - {"[*]"}
+    phases = {str(phase) for phase in Phase}
+    assert states == phases, (
+        f"docs/concepts/decisions.md: states without a Phase: {sorted(states - phases)}; "
+        f"phases without a state: {sorted(phases - states)}"
+    )
+
+
+def layers() -> list[list[str]]:
+    """import-linter's layers, top first, each the modules it names (siblings share one)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["type"] == "layers"]
+    return [re.findall(r"[\w.]+", layer) for layer in contract["layers"]]
+
+
+def boxes() -> dict[str, str]:
+    """The layers diagram's boxes: id -> the module its label names."""
+    text = diagram(DOCS / "development" / "layout.md", "flowchart")
+    return {box: found[0] for box, label in BOX.findall(text) if (found := MODULE.findall(label))}
+
+
+def test_the_layers_diagram_draws_every_layer() -> None:
+    modules = [module for layer in layers() for module in layer]
+    assert modules, "the layers contract in pyproject.toml names no module"
+    drawn = set(boxes().values())
+    missing = [module for module in modules if module not in drawn]
+    assert not missing, f"docs/development/layout.md: no box for {missing}"
+
+
+def test_the_layers_diagram_names_only_modules_that_exist() -> None:
+    text = diagram(DOCS / "development" / "layout.md", "flowchart")
+    package = ROOT / "operator" / "headroom"
+    invented = sorted(
+        module
+        for module in set(MODULE.findall(text))
+        if not (package / module.split(".")[1]).is_dir()
+        and not (package / f"{module.split('.')[1]}.py").is_file()
+    )
+    assert not invented, f"docs/development/layout.md names modules that do not exist: {invented}"
+
+
+def test_the_layers_diagram_draws_no_arrow_up_the_layers() -> None:
+    """An arrow is "may import": between two layers it points to a lower one."""
+    depth = {module: index for index, layer in enumerate(layers()) for module in layer}
+    named = boxes()
+    text = diagram(DOCS / "development" / "layout.md", "flowchart")
+    arrows = [(named.get(a), named.get(b)) for a, b in ARROW.findall(text)]
+    between = [(a, b) for a, b in arrows if a in depth and b in depth]
+    assert between, "no arrow between two layers found: is the diagram still parsed?"
+    upward = [f"{a} --> {b}" for a, b in between if depth[a] >= depth[b]]
+    assert not upward, f"docs/development/layout.md: arrows that do not go down: {upward}"
