@@ -103,6 +103,17 @@ def test_every_relative_link_leads_to_a_file_and_a_heading(page: Path) -> None:
     assert not found, f"{page.relative_to(ROOT)}: " + "; ".join(found)
 
 
+def test_every_code_fence_is_closed() -> None:
+    """An unclosed fence turns the rest of the page into code on GitHub: its headings
+    are no anchors, so links to them lead nowhere (api.md's first example had one)."""
+    unclosed = [
+        str(page.relative_to(ROOT))
+        for page in pages()
+        if sum(1 for line in page.read_text().splitlines() if line.lstrip().startswith("```")) % 2
+    ]
+    assert not unclosed, f"a code fence is never closed in {unclosed}"
+
+
 def test_every_doc_is_reachable_from_the_index() -> None:
     reached, todo = {INDEX}, [INDEX]
     while todo:
