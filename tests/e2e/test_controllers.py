@@ -22,7 +22,7 @@ from headroom.api.constants import GROUP, VERSION
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 
 @pytest.fixture(scope="module")

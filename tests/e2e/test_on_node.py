@@ -40,7 +40,7 @@ from headroom_dev.cluster import (
 )
 from headroom_dev.process import kubectl_for
 from headroom_dev.prometheus import PrometheusServer, service_monitor_scrape
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 TEAM = "team"
 STALE = 9  # seconds: `hold` heartbeats every third of it

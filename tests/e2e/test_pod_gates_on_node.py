@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from headroom_dev.cluster import RELEASE_NAMESPACE, NodeCluster
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 TEAM = "gated"
 GATE = "headroom.dev/admission"

@@ -20,9 +20,9 @@ from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.nodes import create_node
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
 from tests.integration.test_external_gpus import device_plugin_pod
 from tests.integration.test_pod_gates import GATE, claim_pod, gates_of, untaint
+from tests.polling import eventually
 
 
 @pytest.fixture(scope="module")

@@ -33,10 +33,10 @@ from headroom_dev.scheduler import (
     extender_over_tls,
 )
 from headroom_dev.service import LoopbackService
-from tests.integration.polling import eventually
 from tests.integration.test_chart import render
 from tests.integration.test_pod_gates import untaint
 from tests.integration.test_webhook import Gate
+from tests.polling import eventually
 
 
 @pytest.fixture(scope="module")

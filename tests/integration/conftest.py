@@ -20,8 +20,8 @@ from headroom_dev.controlplane import ControlPlane, binary
 from headroom_dev.operator import OperatorProcess
 from tests.integration.cli_checks import Cli, Hold
 from tests.integration.metrics_access_support import Accounts
-from tests.integration.polling import eventually
 from tests.integration.stand_in import DeviceAdmitter
+from tests.polling import eventually
 
 VENV_BIN = Path(sys.executable).parent
 

@@ -35,7 +35,6 @@ import yaml
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.process import kubectl_for
 from tests.integration.apf_support import Answer, Identity, metric, probe, rate, run_all
-from tests.integration.polling import eventually
 from tests.integration.test_chart import (
     NAMESPACE,
     OPERATOR_GROUPS,
@@ -43,6 +42,7 @@ from tests.integration.test_chart import (
     SERVICE_ACCOUNT,
     render,
 )
+from tests.polling import eventually
 
 INFLIGHT, MUTATING_INFLIGHT = 10, 5
 FLOOD_THREADS, FLOOD_SECONDS, QUIET_SECONDS = 24, 8.0, 2.0

@@ -11,9 +11,8 @@ the admission is written, and an admission whose Binding never comes released af
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from headroom.kube.transport import JSON, ApiError
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from tests.integration.test_pod_gates import claim_pod, pool_nodes
+from tests.polling import eventually_async
 
 
 class Refusing:
@@ -59,18 +59,6 @@ async def running(
     yield controller, refusing
     await controller.stop()
     await kube.close()
-
-
-async def until(check: Callable[[], Awaitable[None]], seconds: float) -> None:
-    """``check`` passes within ``seconds``, or fails saying why, as it last did."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            while True:
-                try:
-                    return await check()
-                except AssertionError:
-                    await asyncio.sleep(0.05)
-    await check()
 
 
 def scheduled_pod(name: str, pool: str, ram: str) -> dict[str, Any]:
@@ -154,7 +142,7 @@ async def test_an_admission_whose_binding_never_comes_is_fenced_then_released(
             await asyncio.to_thread(rsv.get, custom, namespace, "lost")
         assert gone.value.status == 404
 
-    await until(released, 20)  # bindGrace is 2 s
+    await eventually_async(released, 20)  # bindGrace is 2 s
     fenced = await asyncio.to_thread(core.read_namespaced_pod, "lost", namespace)
     annotations = fenced.metadata.annotations
     assert annotations["headroom.dev/bind-fence"].startswith(held["metadata"]["uid"] + "@")

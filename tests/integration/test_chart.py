@@ -30,7 +30,7 @@ from headroom_dev.apply import api_client
 from headroom_dev.controlplane import ControlPlane, binary
 from headroom_dev.logtext import http_statuses
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "headroom"

@@ -23,7 +23,6 @@ from kubernetes.client.exceptions import ApiException
 from headroom.api.config import parse_config
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.logtext import http_statuses
-from tests.integration.polling import eventually
 from tests.integration.test_chart import (
     CHART,
     NAMESPACE,
@@ -32,6 +31,7 @@ from tests.integration.test_chart import (
     operator_as_service_account,
     render,
 )
+from tests.polling import eventually
 
 __all__ = ["installed"]  # a fixture of the chart's tests, used here too
 

@@ -11,8 +11,8 @@ import yaml
 from kubernetes import client
 
 from headroom_dev import reservations as rsv
-from tests.integration.polling import eventually
 from tests.integration.stand_in import UUIDS, DeviceAdmitter
+from tests.polling import eventually
 
 
 def test_nodes_table_and_json(cli: Callable[..., Any], scene: str) -> None:

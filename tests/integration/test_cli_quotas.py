@@ -22,9 +22,9 @@ from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.operator import OperatorProcess
 from tests.integration.cli_checks import Cli, assert_one_line_error
-from tests.integration.polling import eventually
 from tests.integration.test_chart import Kubectl
 from tests.integration.test_fit import headroom_status
+from tests.polling import eventually
 
 QUOTAS = "headroomquotas"
 

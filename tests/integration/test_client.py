@@ -31,8 +31,8 @@ from headroom.client import (
 )
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
-from tests.integration.polling import eventually
 from tests.integration.stand_in import UUIDS, DeviceAdmitter
+from tests.polling import eventually
 
 
 def phases(custom: client.CustomObjectsApi, namespace: str) -> dict[str, str | None]:

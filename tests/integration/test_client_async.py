@@ -19,7 +19,7 @@ from kubernetes import client
 
 from headroom.client import ClaimRefusedError, Connection, calls, claim_async
 from headroom_dev import reservations as rsv
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 
 def phases(custom: client.CustomObjectsApi, namespace: str) -> dict[str, str | None]:

@@ -14,7 +14,7 @@ from kubernetes import client
 
 from headroom_dev.apply import api_client
 from headroom_dev.controlplane import ControlPlane, ControlPlaneError, binary
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,6 @@ from kubernetes import client
 
 from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
 from tests.integration.test_gpu_inventory_live import (
     DRIVER,
     GIB,
@@ -32,6 +31,7 @@ from tests.integration.test_gpu_inventory_live import (
     wait_vram,
 )
 from tests.integration.test_pod_gates import claim_pod, finish, untaint
+from tests.polling import eventually
 
 Start = Callable[..., OperatorProcess]
 GROUP, VERSION = "resource.k8s.io", "v1"

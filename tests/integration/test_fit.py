@@ -23,7 +23,7 @@ from headroom_dev.controlplane import ControlPlane
 from headroom_dev.nodes import node_body
 from headroom_dev.operator import OperatorProcess
 from tests.integration.cli_checks import Cli, assert_one_line_error
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 GPU = {"nvidia.com/gpu.memory": "8192", "tier": "gpu"}
 

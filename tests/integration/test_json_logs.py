@@ -12,8 +12,8 @@ from kubernetes import client
 
 from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
 from tests.integration.test_decision_key import adopted_mark
+from tests.polling import eventually
 
 
 def _stamped_again(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:

@@ -28,8 +28,8 @@ from headroom.serving.scrape import CERT_FILE, KEY_FILE, MetricsServer
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.operator import OperatorProcess
 from tests.integration.metrics_access_support import SECURE, Accounts
-from tests.integration.polling import eventually
 from tests.integration.test_chart import installed, operator_as_service_account
+from tests.polling import eventually
 
 __all__ = ["installed"]  # a fixture of the chart's tests, used here too
 

@@ -25,7 +25,7 @@ from headroom.client import AUTO, Connection, claim, placement
 from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
 from tests.integration.cli_checks import Cli, Hold, assert_one_line_error, run
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 NODEHEADROOMS = ("headroom.dev", "v1alpha1", "nodeheadrooms")
 

@@ -26,7 +26,7 @@ from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane, free_port
 from headroom_dev.nodes import set_node_memory
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 Start = Callable[..., OperatorProcess]
 MIB = 1 << 20

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +11,7 @@ from kubernetes import client
 from headroom_dev import reservations as rsv
 from headroom_dev.nodes import set_node_memory
 from headroom_dev.operator import OperatorProcess
+from tests import polling
 
 Start = Callable[..., OperatorProcess]
 
@@ -24,14 +24,10 @@ def headroom(custom: client.CustomObjectsApi, node: str) -> dict[str, Any]:
 
 
 def eventually(check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return check()
-        except (AssertionError, KeyError, client.ApiException):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    """A NodeHeadroom not written yet reads as a KeyError or a 404: not yet, either."""
+    return polling.eventually(
+        check, timeout, every=0.1, retry_on=(AssertionError, KeyError, client.ApiException)
+    )
 
 
 def test_node_resize_and_removal(

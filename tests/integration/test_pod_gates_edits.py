@@ -35,7 +35,6 @@ from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.faults import FaultyTransport, Rule
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
 from tests.integration.test_pod_gates import (
     GATE,
     _said,
@@ -47,6 +46,7 @@ from tests.integration.test_pod_gates import (
     untaint,
     wait_ungated,
 )
+from tests.polling import eventually
 
 Start = Callable[..., OperatorProcess]
 CONDITION = "headroom.dev/Admitted"

@@ -39,7 +39,6 @@ from headroom_dev import quotas as hq
 from headroom_dev import reservations as rsv
 from headroom_dev.faults import FaultyTransport, Rule
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
 from tests.integration.test_pod_gates import (
     GATE,
     _said,
@@ -51,6 +50,7 @@ from tests.integration.test_pod_gates import (
 )
 from tests.integration.test_pod_gates_edits import inprocess, ours
 from tests.integration.test_pod_gates_quotas import FAST, quota
+from tests.polling import eventually
 
 __all__ = ["inprocess", "quota"]  # the fixtures, used here
 

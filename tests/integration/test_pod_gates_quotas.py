@@ -21,7 +21,6 @@ from kubernetes import client, watch
 from headroom_dev import quotas as hq
 from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
 from tests.integration.test_pod_gates import (
     GATE,
     claim_pod,
@@ -31,6 +30,7 @@ from tests.integration.test_pod_gates import (
     untaint,
     wait_ungated,
 )
+from tests.polling import eventually
 
 Start = Callable[..., OperatorProcess]
 CONDITION = "headroom.dev/Admitted"

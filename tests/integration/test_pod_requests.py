@@ -14,8 +14,8 @@ from kubernetes import client
 
 from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
 from tests.integration.test_pod_gates import claim_pod, finish
+from tests.polling import eventually
 
 Start = Callable[..., OperatorProcess]
 

@@ -19,8 +19,8 @@ from kubernetes import client
 from headroom_dev import quotas as hq
 from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
 from tests.integration.test_pod_gates import claim_pod
+from tests.polling import eventually
 
 Start = Callable[..., OperatorProcess]
 PIB_IN_MIB = 1 << 30  # the largest claim a spec or an annotation may say

@@ -28,8 +28,8 @@ from headroom.api.constants import GROUP, VERSION
 from headroom_dev import reservations as rsv
 from headroom_dev.apply import api_client
 from headroom_dev.controlplane import ControlPlane
-from tests.integration.polling import eventually
 from tests.integration.test_chart import Kubectl, render
+from tests.polling import eventually
 
 QUOTAS = "headroomquotas"
 READER, ADMIN = "headroom-quota-reader", "headroom-quota-admin"

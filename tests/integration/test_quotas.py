@@ -19,7 +19,7 @@ from kubernetes import client
 from headroom_dev import quotas as hq
 from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 Start = Callable[..., OperatorProcess]
 QUEUED = ("Queued",)

@@ -18,8 +18,8 @@ import yaml
 
 from headroom_dev.controlplane import ControlPlane
 from tests.integration.cli_checks import Cli, assert_one_line_error
-from tests.integration.polling import eventually
 from tests.integration.test_chart import Kubectl, render
+from tests.polling import eventually
 
 READER = "headroom-nodeheadroom-reader"
 USER_ROLES = ("headroom-edit", "headroom-view", READER)

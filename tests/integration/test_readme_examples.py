@@ -22,7 +22,7 @@ from kubernetes import client
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane
 from headroom_dev.operator import OperatorProcess
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 CLAIM_DOC = DOCS / "tasks" / "claim-from-a-program.md"

@@ -9,7 +9,6 @@ truth, and nothing is retried in a tight loop forever.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -28,6 +27,7 @@ from headroom_dev.controlplane import ControlPlane
 from headroom_dev.faults import FaultyTransport, Rule
 from headroom_dev.invariants import History
 from headroom_dev.nodes import set_node_memory
+from tests.polling import eventually_async
 
 CONFIG = """
 limits: {heartbeatStaleWindow: 30s}
@@ -69,15 +69,6 @@ def history(custom: client.CustomObjectsApi) -> AsyncIterator[History]:
     watcher.stop()
 
 
-async def eventually(check: Callable[[], bool], within: float = 20, what: str = "") -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not within {within}s: {what}")
-
-
 async def status_of(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
     return dict((await asyncio.to_thread(rsv.get, custom, namespace, name)).get("status") or {})
 
@@ -104,13 +95,15 @@ async def test_a_reservation_reclaimed_while_its_admission_backs_off_is_never_ad
         rsv.create, custom, namespace, "brief", node, 1024, expiresAt=soon(4)
     )
     uid = created["metadata"]["uid"]
-    await eventually(lambda: uid in controller.state.holders.values(), what="admitted in memory")
+    await eventually_async(
+        lambda: uid in controller.state.holders.values(), what="admitted in memory", within=20
+    )
     # Decided, never written: undecided as far as anyone reading the object knows
     # (headroom_undecided_reservations), unless the reclaim came first.
     assert controller.admission.undecided() == (
         controller.state.records[uid].decision.phase != "Reclaimed"
     )
-    await eventually(
+    await eventually_async(
         lambda: controller.state.records[uid].decision.phase == "Reclaimed",
         within=10,
         what="reclaimed at its expiry",
@@ -119,7 +112,9 @@ async def test_a_reservation_reclaimed_while_its_admission_backs_off_is_never_ad
     assert controller.state.holders  # held until the object shows Reclaimed
     assert transport.calls_to("PATCH", "/reservations/brief/status") >= 2  # it did back off
     refusing.times = 0  # the API server answers again
-    await eventually(lambda: controller.state.records[uid].confirmed, what="status written")
+    await eventually_async(
+        lambda: controller.state.records[uid].confirmed, what="status written", within=20
+    )
     status = await status_of(custom, namespace, "brief")
     assert (status["phase"], status["reason"]) == ("Reclaimed", "Expired"), status
     await asyncio.sleep(0.5)
@@ -158,7 +153,7 @@ async def test_a_reclaim_whose_writes_keep_failing_is_written_in_the_end(
     await asyncio.to_thread(rsv.create, custom, namespace, "refused", node, 1024, expiresAt=soon(4))
     await asyncio.to_thread(rsv.wait_for, custom, namespace, "refused")
     forbidden = transport.add(Rule("PATCH", "/reservations/refused/status", "refuse-403"))
-    await eventually(
+    await eventually_async(
         lambda: any(
             r.decision.phase == "Reclaimed" and not r.confirmed
             for r in controller.state.records.values()
@@ -174,7 +169,9 @@ async def test_a_reclaim_whose_writes_keep_failing_is_written_in_the_end(
     assert metrics.registry.get_sample_value("headroom_status_write_retries_total") == retried
     forbidden.times = 0
     await controller.resync()
-    await eventually(lambda: not any(not r.confirmed for r in controller.state.records.values()))
+    await eventually_async(
+        lambda: not any(not r.confirmed for r in controller.state.records.values()), within=20
+    )
     assert (await status_of(custom, namespace, "refused"))["phase"] == "Reclaimed"
 
 
@@ -191,8 +188,10 @@ async def test_a_refused_admission_is_rolled_back_and_decided_again_by_the_resyn
     controller = await start()
     forbidden = transport.add(Rule("PATCH", "/reservations/blocked/status", "refuse-403"))
     await asyncio.to_thread(rsv.create, custom, namespace, "blocked", node, 4096)
-    await eventually(
-        lambda: transport.calls_to("PATCH", "/reservations/blocked/status") >= 1, what="tried"
+    await eventually_async(
+        lambda: transport.calls_to("PATCH", "/reservations/blocked/status") >= 1,
+        what="tried",
+        within=20,
     )
     await asyncio.sleep(2)
     assert transport.calls_to("PATCH", "/reservations/blocked/status") == 1
@@ -235,7 +234,7 @@ async def test_a_task_that_dies_fails_healthz_and_stops_the_operator(
     assert supervisor.healthy
     sweeper = next(t for t in asyncio.all_tasks() if t.get_name() == "sweeper")
     sweeper.cancel()
-    await eventually(lambda: bool(reasons), what="on_failure called")
+    await eventually_async(lambda: bool(reasons), what="on_failure called", within=20)
     assert not supervisor.healthy
     assert "sweeper" in reasons[0]
     assert controller.supervisor.failure == reasons[0]
@@ -319,9 +318,10 @@ async def test_a_node_list_older_than_a_shrink_does_not_grow_the_node_back(
     relist = asyncio.create_task(controller.nodes.relist())
     await slow.reached.wait()  # the list says 20 GiB
     await asyncio.to_thread(set_node_memory, core, node, "10Gi")
-    await eventually(
+    await eventually_async(
         lambda: controller.state.ledger.node_summary(node, datetime.now(UTC)).total_ram_mb == 10240,
         what="the watch's shrink",
+        within=20,
     )
     slow.release()
     await relist

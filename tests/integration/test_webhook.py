@@ -25,7 +25,7 @@ from headroom.api.constants import CLAIM_LABEL, RAM_ANNOTATION, SCHEDULING_GATE
 from headroom_dev.controlplane import free_port
 from headroom_dev.operator import OperatorProcess
 from headroom_dev.webhooks import PATH, gating_configuration
-from tests.integration.polling import eventually
+from tests.polling import eventually
 
 Kubectl = Callable[..., CompletedProcess[str]]
 GATE = [{"name": SCHEDULING_GATE}]

@@ -31,9 +31,9 @@ from headroom.api.constants import RAM_ANNOTATION, SCHEDULING_GATE
 from headroom_dev.controlplane import free_port
 from headroom_dev.operator import OperatorProcess
 from headroom_dev.webhooks import PATH
-from tests.integration.polling import eventually
 from tests.integration.test_webhook import Gate, pod_yaml, wait_until_gating
 from tests.integration.test_webhook_server import REVIEW
+from tests.polling import eventually
 
 Kubectl = Callable[..., CompletedProcess[str]]
 DRAIN = "60s"  # far longer than a takeover: these tests end the drain with a second signal
