@@ -1,6 +1,7 @@
 """The docs hold together: every relative link in README.md and docs/ leads to a file
 and a heading that exist, every doc is reachable from docs/README.md, and the
-reference pages name every CRD field and every label or annotation the code uses.
+reference pages name every CRD field, every label or annotation the code uses and
+every Event reason the operator may post.
 
 The diagrams say what the code says, so a new phase or a new layer cannot leave a
 picture behind: the phases diagram has every ``Phase`` as a state and no other, and
@@ -23,7 +24,7 @@ import pytest
 import yaml
 
 from headroom.api import constants
-from headroom.api.reasons import Phase
+from headroom.api.reasons import EventReason, Phase, Reason
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -45,6 +46,11 @@ TRANSITION = re.compile(r"^\s*(\S+)\s*-->\s*([^:\s]+)", re.MULTILINE)
 BOX = re.compile(r'^\s*(\w+)\["([^"]*)"\]', re.MULTILINE)
 ARROW = re.compile(r"^\s*(\w+)\s*-\.?-+>\s*(?:\|[^|]*\|\s*)?(\w+)\s*$", re.MULTILINE)
 MODULE = re.compile(r"\bheadroom\.\w+")
+
+#: A row of docs/reference/events.md's tables: reason, posted on, type, meaning.
+EVENT_ROW = re.compile(r"^\| `([^`]+)` \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", re.MULTILINE)
+#: The kinds an Event may be about (``involvedObject.kind``).
+EVENT_KINDS = {"Reservation", "Pod", "Node", "HeadroomQuota", "NodeHeadroom"}
 
 
 def pages() -> list[Path]:
@@ -248,3 +254,26 @@ def test_the_layers_diagram_draws_no_arrow_up_the_layers() -> None:
     assert between, "no arrow between two layers found: is the diagram still parsed?"
     upward = [f"{a} --> {b}" for a, b in between if depth[a] >= depth[b]]
     assert not upward, f"docs/development/layout.md: arrows that do not go down: {upward}"
+
+
+def test_event_reasons_are_one_closed_set() -> None:
+    """An Event reason is a ledger Reason or an EventReason, never both: one word, one meaning."""
+    both = sorted({r.value for r in Reason} & {r.value for r in EventReason})
+    assert not both, f"in both Reason and EventReason: {both}"
+
+
+def test_the_events_reference_documents_every_reason_and_only_those() -> None:
+    """docs/reference/events.md has one row per member of Reason and EventReason (every
+    reason the recorder accepts), each saying on which object and Normal or Warning,
+    and no row for a reason that is no member."""
+    rows = EVENT_ROW.findall((DOCS / "reference" / "events.md").read_text())
+    documented = [reason for reason, *_ in rows]
+    members = {r.value for r in Reason} | {r.value for r in EventReason}
+    assert len(documented) == len(set(documented)), "a reason documented twice"
+    assert members - set(documented) == set(), "posted, not documented"
+    assert set(documented) - members == set(), "documented, not a member"
+    for reason, on, kind, meaning in rows:
+        kinds = {k.strip() for k in on.split(",")}
+        assert kinds <= EVENT_KINDS, f"{reason}: posted on {on!r}"
+        assert kind.strip() in ("Normal", "Warning"), f"{reason}: type {kind!r}"
+        assert meaning.strip().endswith("."), f"{reason}: its meaning is one sentence"

@@ -1,8 +1,14 @@
-"""Machine-readable reasons for every ledger decision.
+"""Machine-readable reasons for every ledger decision, and every other Event reason.
 
 A reason is the CamelCase word that lands in ``status.reason`` and in Event
 reasons, so that placement code can switch on it while people read the message.
 The set is closed: adding a member is an API change.
+
+``Reason`` is the ledger's (a decision's ``status.reason``); ``EventReason`` the
+words of the other Events the operator posts (and of the pod condition
+``headroom.dev/Admitted``). An Event's reason is one of either, never a bare string
+(the recorder's ``reason`` is typed so). Every member of both is documented in
+docs/reference/events.md, and a unit test keeps that page and these two in step.
 """
 
 from __future__ import annotations
@@ -46,6 +52,31 @@ class Reason(StrEnum):
     UNGATE_REFUSED = "UngateRefused"
     # Rebuild: an admitted entry that no longer fits its node's limits.
     OVER_COMMITTED = "OverCommitted"
+
+
+class EventReason(StrEnum):
+    """Why an Event is posted, when it is not a decision's ``Reason``."""
+
+    # A gated (or scheduler-placed) pod, and the pod condition headroom.dev/Admitted.
+    ADMITTED = "Admitted"
+    WAITING = "Waiting"
+    NO_NODE = "NoNode"
+    NOT_CLAIMED = "NotClaimed"
+    BAD_CLAIM = "BadClaim"
+    CLAIM_CHANGED = "ClaimChanged"
+    NODE_UNSUITABLE = "NodeUnsuitable"
+    RESERVATION_NAME_TAKEN = "ReservationNameTaken"
+    BIND_TIMEOUT = "BindTimeout"
+    # An owner pod's or a reservation's heartbeat annotation that is not a time.
+    BAD_HEARTBEAT = "BadHeartbeat"
+    # A Reservation whose status carries no valid decision stamp.
+    UNTRUSTED_STATUS = "UntrustedStatus"
+    # A Node: its Headroom annotations, its GPU inventory, its NodeHeadroom summary.
+    BAD_HEADROOM_SETTINGS = "BadHeadroomSettings"
+    BAD_GPU_INVENTORY = "BadGpuInventory"
+    SUMMARY_NOT_WRITTEN = "SummaryNotWritten"
+    # A HeadroomQuota that cannot be used.
+    INVALID_QUOTA = "InvalidQuota"
 
 
 class Phase(StrEnum):

@@ -69,7 +69,7 @@ from headroom.api.claims import PodClaim, is_claim_pod, pod_claim
 from headroom.api.constants import OWNER_LABEL
 from headroom.api.parse import InvalidValueError
 from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
-from headroom.api.reasons import Phase, Reason
+from headroom.api.reasons import EventReason, Phase, Reason
 from headroom.control.placement import choose_node
 from headroom.control.podactions import (
     BIND_GRACE,
@@ -389,6 +389,7 @@ class Gates(PodCalls):
             placement = choose_node(self._state, self._planned.values(), seen.obj, claim, now)
             node = placement.node
             if node is None:  # nothing is made until a node, a quota or the pod changes
+                assert placement.reason is not None, "a placement without a node says why"
                 self._say(seen, placement.reason, placement.why, "Warning")
                 return
             self._planned[key] = (node, claim.ram_mb, claim.vram_mb)
@@ -468,7 +469,7 @@ class Gates(PodCalls):
 
     def _requeue(
         self, key: PodKey, known: Known, seen: ClaimPod, claim: PodClaim
-    ) -> tuple[str, str] | tuple[()] | None:
+    ) -> tuple[EventReason, str] | tuple[()] | None:
         """Whether the pod's reservation ``known``, not admitted, is to be replaced by one
         in a queue now, and what the pod says of it (None: kept): one the operator made
         for another claim (edited since: ``ClaimChanged``); one that waits on a node the
@@ -483,13 +484,16 @@ class Gates(PodCalls):
         if differ:  # not the operator's (a tenant's object of that name): not ours to delete
             if not for_another_claim(known.book, key[1]):
                 return None
-            return ("ClaimChanged", f"its claim changed ({'; '.join(differ)}); queued anew")
+            return (
+                EventReason.CLAIM_CHANGED,
+                f"its claim changed ({'; '.join(differ)}); queued anew",
+            )
         if record.decision.phase == Phase.QUEUED:
             facts = self._state.node_facts.get(known.book.node)
             if facts is not None and may_run_on(seen.obj, facts):
                 return None
             return (
-                "NodeUnsuitable",
+                EventReason.NODE_UNSUITABLE,
                 f"node {known.book.node} no longer suits the pod; it waits on another",
             )
         if not known.book.waits:
@@ -545,7 +549,7 @@ class Gates(PodCalls):
             self._backoff(seen)
             self._say(
                 seen,
-                "ReservationNameTaken",
+                EventReason.RESERVATION_NAME_TAKEN,
                 f"a Reservation named {key[1]} that no pod owns exists; delete it, "
                 "or the pod stays gated",
                 "Warning",

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from headroom.api.gpus import GpuDevice
+from headroom.api.reasons import EventReason, Reason
 from headroom.api.refs import ObjectRef
 from headroom.control.state import State
 from headroom.kube.events import EventRecorder
@@ -52,7 +53,8 @@ class GpuInventories:
         names = sorted(state.slices_by_node.get(name, ()))
         inventory = gpu_inventory(node, [state.slices[s] for s in names], self._drivers)
         if inventory.problems and inventory.problems != self._bad.get(name):
-            self._events.record(ref, "BadGpuInventory", "; ".join(inventory.problems), "Warning")
+            problems = "; ".join(inventory.problems)
+            self._events.record(ref, EventReason.BAD_GPU_INVENTORY, problems, "Warning")
         self._bad[name] = inventory.problems
         vram: int | None = None
         devices: Devices = None
@@ -74,7 +76,7 @@ class GpuInventories:
         self._applied[name] = (vram, devices)
         over = tuple(o.message(name) for o in state.ledger.over_committed_devices(name))
         if over and over != self._over.get(name):
-            self._events.record(ref, "OverCommitted", "; ".join(over), "Warning")
+            self._events.record(ref, Reason.OVER_COMMITTED, "; ".join(over), "Warning")
         self._over[name] = over
 
     def forget(self, name: str) -> None:

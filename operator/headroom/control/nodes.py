@@ -22,6 +22,7 @@ from typing import Any
 from headroom.api.config import OperatorConfig
 from headroom.api.constants import HAMI_REGISTER_ANNOTATION
 from headroom.api.paths import NODES, node_path
+from headroom.api.reasons import EventReason
 from headroom.api.refs import ObjectRef
 from headroom.control.inventory import GpuInventories
 from headroom.control.state import State
@@ -95,7 +96,7 @@ class Nodes:
         if capacity.problems and capacity.problems != self._bad_values.get(name):
             self._events.record(
                 ObjectRef("v1", "Node", name, meta.get("uid", "")),
-                "BadHeadroomSettings",
+                EventReason.BAD_HEADROOM_SETTINGS,
                 "; ".join(capacity.problems),
                 "Warning",
             )

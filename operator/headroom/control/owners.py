@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from headroom.api.constants import OWNER_LABEL
 from headroom.api.paths import PODS, pod_path
-from headroom.api.reasons import Reason
+from headroom.api.reasons import EventReason, Reason
 from headroom.api.refs import ObjectRef
 from headroom.control.state import POD, PodKey, Record, SeenPod, State, deliver_listed, pod_key
 from headroom.kube.clock import Clock
@@ -109,7 +109,7 @@ class Owners:
                 self._bad[key] = str(error)
                 self._events.record(
                     ObjectRef("v1", "Pod", key[1], uid, key[0]),
-                    "BadHeartbeat",
+                    EventReason.BAD_HEARTBEAT,
                     f"{error}; ignored",
                     "Warning",
                 )

@@ -27,7 +27,7 @@ from datetime import datetime
 
 from headroom.api.claims import PodClaim
 from headroom.api.constants import MAX_NODE_SUM_MB
-from headroom.api.reasons import Reason
+from headroom.api.reasons import EventReason, Reason
 from headroom.control.state import State
 from headroom.kube.transport import JSON
 from headroom.ledger.entry import Entry, Owner
@@ -36,7 +36,6 @@ from headroom.objects.pods import pod_wait
 
 #: What was created for a pod and is not decided yet: (node, RAM MiB, VRAM MiB).
 Planned = tuple[str, int, int]
-NO_NODE = "NoNode"
 _NO_MATCH = "no known node matches the pod's node selector, affinity and tolerations"
 
 
@@ -46,7 +45,7 @@ class Placement:
     sentence ``why`` for the pod's condition and Event."""
 
     node: str | None
-    reason: str = ""
+    reason: Reason | EventReason | None = None
     why: str = ""
 
 
@@ -57,7 +56,7 @@ def choose_node(
     its quotas refuse every one it may run on for good."""
     # Final refusal reason -> (node, its words), of the first node by name: the same
     # words on every look while the nodes stay, so the pod is told once.
-    refused: dict[str, tuple[str, str]] = {}
+    refused: dict[Reason, tuple[str, str]] = {}
     tried = 0
     quotas = state.ledger.quotas
     probe = pod_probe(state, pod, claim, now)
@@ -76,7 +75,9 @@ def choose_node(
         if facts is None:  # not seen yet: its reservation waits for it (NodeUnknown)
             return Placement(claim.node)
         if not may_run_on(pod, facts):
-            return Placement(None, NO_NODE, f"{_NO_MATCH} (annotation node {claim.node})")
+            return Placement(
+                None, EventReason.NO_NODE, f"{_NO_MATCH} (annotation node {claim.node})"
+            )
         if allowed(claim.node):
             return Placement(claim.node)
         return _nowhere(refused, tried)
@@ -140,7 +141,7 @@ def _fits_devices(state: State, probe: Entry, node: str) -> bool:
     return refusal is None or refusal[0] is not Reason.INSUFFICIENT_VRAM
 
 
-def _nowhere(refused: dict[str, tuple[str, str]], tried: int) -> Placement:
+def _nowhere(refused: dict[Reason, tuple[str, str]], tried: int) -> Placement:
     """Why no node: a wait refused is refused on every node, so it is said first."""
     if Reason.WAIT_TOO_LONG in refused:
         message = refused[Reason.WAIT_TOO_LONG][1]
@@ -155,4 +156,4 @@ def _nowhere(refused: dict[str, tuple[str, str]], tried: int) -> Placement:
             else f"its quota allows none of the {tried} nodes it may run on"
         )
         return Placement(None, reason, f"{nodes}: {message}; it stays gated")
-    return Placement(None, NO_NODE, f"{_NO_MATCH}; it stays gated")
+    return Placement(None, EventReason.NO_NODE, f"{_NO_MATCH}; it stays gated")

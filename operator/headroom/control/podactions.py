@@ -17,7 +17,7 @@ from typing import Literal
 from headroom.api.claims import PodClaim, is_claim_pod, pod_claim
 from headroom.api.constants import RESERVATION_ANNOTATION
 from headroom.api.parse import InvalidValueError
-from headroom.api.reasons import Phase, Reason
+from headroom.api.reasons import EventReason, Phase, Reason
 from headroom.control.state import Record
 from headroom.objects.nodeconstraints import NodeFacts, may_run_on
 from headroom.objects.podreservations import Booked, differences, for_another_claim
@@ -71,7 +71,7 @@ class ClaimPod:
 class Say:
     """Post an Event (once per state) and make the pod's condition say it."""
 
-    reason: str
+    reason: Reason | EventReason
     message: str
     kind: Kind = "Normal"
 
@@ -85,7 +85,7 @@ class Nothing:
 class Condition:
     """Make the pod's condition say this (no Event): an admitted pod's, kept written."""
 
-    reason: str
+    reason: Reason | EventReason
     message: str
 
 
@@ -223,7 +223,7 @@ def decide(
     if record is not None and record.confirmed and _expired(record):
         return Expire(
             Say(
-                "Expired",
+                Reason.EXPIRED,
                 f"reservation {record.name} {record.decision.message}, the lifetime its "
                 "quota gives; the pod gets no other reservation",
                 "Warning",
@@ -239,15 +239,15 @@ def decide(
             # Admitted from the ledger's queue (one made at a bind has no wait, and its
             # Binding is on its way): the scheduler is told to try the pod now.
             admitted = f"admitted on node {record.node} from its queue; kube-scheduler binds it"
-            return Nudge(record, Say("Admitted", admitted))
+            return Nudge(record, Say(EventReason.ADMITTED, admitted))
         # Nothing written meanwhile: its Binding comes within milliseconds, and its
         # condition is written once it is bound (a write per pod fewer in a burst).
         return Later(left)
     if record is not None and record.confirmed and record.held:
         if record.decision.reason == Reason.OVER_COMMITTED:
-            return Say("OverCommitted", record.decision.message, "Warning")
+            return Say(Reason.OVER_COMMITTED, record.decision.message, "Warning")
         # Written again whenever the pod's condition says otherwise.
-        return Condition("Admitted", admitted_message(pod, record))
+        return Condition(EventReason.ADMITTED, admitted_message(pod, record))
     made_to_wait = known is not None and known.book.waits  # by the extender's filter
     if made_to_wait and record is not None and record.confirmed and _awaits_binding(pod):
         return _waits_for_scheduler(seen, claim, record, now)
@@ -281,14 +281,14 @@ def _gated(
     differ = differences(known.book, name, claim)
     if differ and for_another_claim(known.book, name):  # its claim was edited since
         why = Say(
-            "ClaimChanged",
+            EventReason.CLAIM_CHANGED,
             f"the Reservation {name} was made for another claim ({'; '.join(differ)}); "
             "it is released and one made for the pod's claim now",
         )
         return Replace(known.uid, why)
     if differ:  # not what the operator makes for this claim: it lets nobody out
         return Say(
-            "ReservationNameTaken",
+            EventReason.RESERVATION_NAME_TAKEN,
             f"the Reservation {name}, owned by this pod, is not the one Headroom makes "
             f"for its claim ({'; '.join(differ)}); delete it and one is made, or the pod "
             "stays gated",
@@ -299,7 +299,7 @@ def _gated(
         # Its nodeSelector or affinity narrowed, or the node tainted or cordoned since
         # it was placed: pinned there it would never be scheduled.
         why = Say(
-            "NodeUnsuitable",
+            EventReason.NODE_UNSUITABLE,
             f"node {known.book.node} no longer suits the pod (its node selector, "
             "affinity or tolerations against the node's labels, taints and cordon); "
             "its reservation there is released and it is placed again",
@@ -314,9 +314,9 @@ def _gated(
 
 def _bad_claim(seen: ClaimPod, known: Known | None, error: str) -> PodAction:
     if not is_gated(seen.obj):
-        return Say("BadClaim", f"{error}; not gated by Headroom", "Warning")
+        return Say(EventReason.BAD_CLAIM, f"{error}; not gated by Headroom", "Warning")
     why = Say(
-        "BadClaim",
+        EventReason.BAD_CLAIM,
         f"{error}; it holds no reservation and stays gated until its claim is read",
         "Warning",
     )
@@ -329,10 +329,11 @@ def _refused(seen: ClaimPod, claim: PodClaim, record: Record, now: float) -> Pod
     decision = record.decision
     if decision.phase == Phase.QUEUED:
         where = f" at position {decision.position}" if decision.position else ""
-        return Say("Waiting", f"waits for room on node {record.node}{where}: {decision.message}")
+        waits = f"waits for room on node {record.node}{where}: {decision.message}"
+        return Say(EventReason.WAITING, waits)
     if decision.phase == Phase.RECLAIMED and decision.reason == Reason.OWNER_POD_FINISHED:
         return Nothing()
-    why = Say(str(decision.reason), decision.message, "Warning")
+    why = Say(decision.reason, decision.message, "Warning")
     if decision.reason == Reason.WAIT_TIMEOUT and claim.wait is not None:
         return why  # its own wait ran out: it stays gated, and says why
     if seen.refused != record.uid:  # first seen refused: it stays visible a while

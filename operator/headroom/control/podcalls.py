@@ -23,7 +23,7 @@ from headroom.api.claims import pod_claim
 from headroom.api.constants import CLAIM_LABEL, FENCE_ANNOTATION, ROOM_ANNOTATION, SCHEDULING_GATE
 from headroom.api.parse import InvalidValueError
 from headroom.api.paths import pod_path, reservation_path
-from headroom.api.reasons import Reason
+from headroom.api.reasons import EventReason, Reason
 from headroom.api.refs import ObjectRef
 from headroom.control.podactions import ClaimPod, Known, admitted_message
 from headroom.control.state import PodKey, Record, State
@@ -237,7 +237,7 @@ class PodCalls:
             return
         self._say(
             seen,
-            "NotClaimed",
+            EventReason.NOT_CLAIMED,
             f'not labelled {CLAIM_LABEL}: "true", so it claims nothing: its reservation, if '
             f"any, is released and the scheduling gate {SCHEDULING_GATE} removed",
         )
@@ -275,12 +275,12 @@ class PodCalls:
                 self._telemetry.ungate_failed(error.reason or str(error.status))
                 why = f"pod {key[1]} could not be pinned to {record.node} and ungated: "
                 self._reclaim(record, Reason.UNGATE_REFUSED, why + error.message)
-                self._say(seen, "UngateRefused", why + error.message, "Warning")
+                self._say(seen, Reason.UNGATE_REFUSED, why + error.message, "Warning")
             return
         seen.obj = pod
         if seen.gated_at is not None:
             self._telemetry.ungated(self._clock.monotonic() - seen.gated_at)
-        self._say(seen, "Admitted", admitted_message(pod, record))
+        self._say(seen, EventReason.ADMITTED, admitted_message(pod, record))
 
     async def _fence(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
         """Admitted for kube-scheduler's choice, and no Binding came in time: one write on
@@ -306,7 +306,7 @@ class PodCalls:
                 return  # bound after all: it keeps what it was admitted
             self._say(
                 seen,
-                "BindTimeout",
+                EventReason.BIND_TIMEOUT,
                 f"admitted on node {record.node} but not bound there by the scheduler in "
                 "time; its reservation is released, and the scheduler's next try decides again",
                 "Warning",
@@ -372,7 +372,7 @@ class PodCalls:
     def _say(
         self,
         seen: ClaimPod,
-        reason: str,
+        reason: Reason | EventReason,
         message: str,
         kind: Literal["Normal", "Warning"] = "Normal",
     ) -> None:
@@ -385,11 +385,12 @@ class PodCalls:
             self._events.record(ref, reason, message, kind)
         self._condition(seen, reason, message)
 
-    def _condition(self, seen: ClaimPod, reason: str, message: str) -> None:
+    def _condition(self, seen: ClaimPod, reason: Reason | EventReason, message: str) -> None:
         """Make the pod's condition say this, unless it does (level-triggered: a condition
         lost to a restart or to someone's patch is written again at the next pass)."""
-        status = "True" if reason in ("Admitted", "OverCommitted") else "False"
-        wanted = (status, reason, message[:1024])
+        admitted = reason in (EventReason.ADMITTED, Reason.OVER_COMMITTED)
+        status, word = "True" if admitted else "False", str(reason)  # its plain word
+        wanted = (status, word, message[:1024])
         if pod_condition(seen.obj, CONDITION) == wanted:
             return
         version = str((seen.obj.get("metadata") or {}).get("resourceVersion", ""))
@@ -399,7 +400,7 @@ class PodCalls:
         meta = seen.obj.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         now = self._clock.now().isoformat().replace("+00:00", "Z")
-        patch = condition_patch(seen.obj, status, reason, message, now)
+        patch = condition_patch(seen.obj, status, word, message, now)
         self._tasks.spawn(self._set_condition(key, patch, sent))
 
     async def _set_condition(self, key: PodKey, patch: list[JSON], sent: tuple[str, ...]) -> None:

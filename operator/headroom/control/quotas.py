@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from headroom.api.constants import API_VERSION
 from headroom.api.paths import HEADROOM_QUOTAS, NAMESPACES, namespace_path
+from headroom.api.reasons import EventReason
 from headroom.api.refs import ObjectRef
 from headroom.control.state import State
 from headroom.kube.backoff import Backoff
@@ -99,7 +100,7 @@ class QuotaFeed:
             what = "governs nothing" if rules is None else "its namespaces admit nothing new"
             self._events.record(
                 ObjectRef(API_VERSION, "HeadroomQuota", name, self.quota_objects[name]["uid"]),
-                "InvalidQuota",
+                EventReason.INVALID_QUOTA,
                 f"HeadroomQuota {name} cannot be used, {what} until it is fixed: {problem}",
                 "Warning",
             )

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from headroom.api.config import OperatorConfig
-from headroom.api.reasons import Phase, Reason
+from headroom.api.reasons import EventReason, Phase, Reason
 from headroom.control.admission import Admission
 from headroom.control.reclaim import Reclaimer
 from headroom.control.state import POD, RESERVATION, Record, State
@@ -238,7 +238,7 @@ class Reconciler:
             if over is not None:
                 self._events.record(
                     reservation_ref(over.namespace, over.name, over.uid),
-                    str(Reason.OVER_COMMITTED),
+                    Reason.OVER_COMMITTED,
                     f"admitted earlier, but node {entry.node} is now over its limit; "
                     "kept, not evicted",
                     "Warning",
@@ -292,7 +292,7 @@ class Reconciler:
         )
         self._events.record(
             reservation_ref(meta["namespace"], meta["name"], uid),
-            "UntrustedStatus",
+            EventReason.UNTRUSTED_STATUS,
             f"status.phase {status.get('phase')} carries no valid decision stamp; "
             "ignored and decided again",
             "Warning",
@@ -321,7 +321,7 @@ class Reconciler:
             self._telemetry.decision_written(str(decision.phase), now - record.first_seen)
         self._events.record(
             reservation_ref(record.namespace, record.name, record.uid),
-            str(decision.reason),
+            decision.reason,
             decision.message,
             "Normal"
             if decision.phase == Phase.ADMITTED and decision.reason != Reason.OVER_COMMITTED
@@ -344,7 +344,7 @@ class Reconciler:
                 record.bad_beat = str(error)
                 self._events.record(
                     reservation_ref(record.namespace, record.name, record.uid),
-                    "BadHeartbeat",
+                    EventReason.BAD_HEARTBEAT,
                     f"{error}; ignored",
                     "Warning",
                 )

@@ -27,6 +27,7 @@ from typing import Any
 from headroom.api.config import OperatorConfig
 from headroom.api.constants import API_VERSION
 from headroom.api.paths import NODE_HEADROOMS, node_headroom_path, reservation_path
+from headroom.api.reasons import EventReason
 from headroom.api.refs import ObjectRef
 from headroom.control.state import Record, State
 from headroom.kube.clock import Clock
@@ -153,7 +154,7 @@ class Summaries:
             log.warning("%s", message)
             self._events.record(
                 ObjectRef("v1", "Node", node, self._state.node_uids.get(node, "")),
-                "SummaryNotWritten",
+                EventReason.SUMMARY_NOT_WRITTEN,
                 message,
                 "Warning",
             )

@@ -21,6 +21,7 @@ import socket
 from typing import Literal
 
 from headroom.api.parse import format_time
+from headroom.api.reasons import EventReason, Reason
 from headroom.api.refs import ObjectRef
 from headroom.kube.clock import Clock, SystemClock
 from headroom.kube.transport import ApiError, ApiUnavailableError, Transport, resource_path
@@ -55,13 +56,14 @@ class EventRecorder:
     def record(
         self,
         ref: ObjectRef,
-        reason: str,
+        reason: Reason | EventReason,
         message: str,
         type_: Literal["Normal", "Warning"] = "Normal",
     ) -> None:
-        """Queue an Event; never blocks, never raises."""
+        """Queue an Event; never blocks, never raises. Its reason is a member of either
+        closed set (each documented in docs/reference/events.md), posted as its word."""
         try:
-            self._queue.put_nowait((ref, reason, message[:1024], type_))
+            self._queue.put_nowait((ref, str(reason), message[:1024], type_))
         except asyncio.QueueFull:
             self.dropped += 1
 
