@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from headroom.api.claims import PodClaim
-from headroom.api.constants import SCHEDULING_GATE
 from headroom.api.limits import Limits
 from headroom.api.reasons import Phase, Reason
 from headroom.control.binder import BindCall, Binder
@@ -74,7 +73,6 @@ class FakeGates:
     edited: JSON | None = None  # the pod as someone edits it once its reservation is made
     lingering: set[str] = field(default_factory=set)  # deleted, not yet seen gone
     made: int = 0
-    watched: JSON | None = None  # the pod as the operator's watch shows it; None: unseen
 
     @contextlib.asynccontextmanager
     async def bind_lock(self, key: PodKey) -> AsyncIterator[None]:
@@ -102,9 +100,6 @@ class FakeGates:
 
     async def released(self, uid: str) -> None:
         return
-
-    def seen(self, key: PodKey) -> JSON | None:
-        return self.watched
 
     async def fresh(self, key: PodKey) -> JSON | None:
         self.calls.append("get")
@@ -218,41 +213,6 @@ def test_a_pod_replaced_or_bound_elsewhere_is_an_error_bound_here_a_success() ->
     here.pod = pod(node="n1")
     assert bind(here) == ""
     assert here.calls == ["get"]
-
-
-def test_a_pod_as_the_watch_shows_it_is_bound_without_a_read() -> None:
-    gates = FakeGates(pod())
-    gates.watched = pod()
-    assert bind(gates) == ""
-    assert gates.calls == ["create n1", "binding n1"]
-
-
-def test_a_watch_behind_the_api_costs_a_read_never_a_bind_on_what_it_missed() -> None:
-    # The watch has not shown an edit of the claim: the Binding's precondition refuses
-    # the old version, the pod is read, and its new claim is not bound on the old one.
-    resized = FakeGates(pod(rv="2", ram="8Gi"))
-    resized.watched = pod(rv="1")
-    assert "changed while it was bound" in bind(resized)
-    assert resized.calls == ["create n1", "binding 409", "get"]
-    assert "nodeName" not in resized.pod["spec"]
-    # Nor a pod an earlier call bound: read again, and bound here is a success.
-    bound = admitted("n1")
-    bound.pod, bound.watched = pod(node="n1", rv="2"), pod(rv="1")
-    assert bind(bound) == ""
-    assert bound.calls == ["binding 409", "get"]
-
-
-def test_a_watched_view_in_doubt_is_read_instead() -> None:
-    ending = {
-        **pod(),
-        "metadata": {**pod()["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"},
-    }
-    gated = {**pod(), "spec": {**pod()["spec"], "schedulingGates": [{"name": SCHEDULING_GATE}]}}
-    for watched in (pod(uid="u0"), pod(node="n2"), ending, gated):
-        gates = FakeGates(pod())
-        gates.watched = watched
-        assert bind(gates) == ""
-        assert gates.calls[0] == "get", watched
 
 
 def test_a_pod_edited_meanwhile_is_bound_again_from_its_new_version_if_its_claim_is_the_same() -> (

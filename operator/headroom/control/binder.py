@@ -11,11 +11,8 @@ bound, or a bound pod whose reservation is Admitted on its node
 Steps, for one pod at a time (a lock per pod: two scheduler replicas, or a retry
 while an earlier call still runs, never bind one pod twice):
 
-1. The pod as the operator's watch last showed it, if that is the call's uid, unbound,
-   ungated and not ending; else as it is now (one GET): its uid must be the call's
-   (else it was replaced). A view behind the API costs nothing but a read: the Binding
-   carries its ``resourceVersion`` as a precondition (step 3), so a pod written since
-   (bound by an earlier call, edited, being deleted) is read again before it is bound.
+1. The pod as it is now (one GET, the only one as a rule): its uid must be the call's
+   (else it was replaced).
    Already bound: success if to this node and its reservation is held there (an
    earlier call whose answer was lost), else an error.
 2. Its reservation, named as the pod and owned by it (the gate path's shape, made by
@@ -90,7 +87,6 @@ class BindGates(Protocol):
     def holds(self, uid: str) -> bool: ...
     async def changed(self, key: PodKey) -> None: ...
     async def released(self, uid: str) -> None: ...
-    def seen(self, key: PodKey) -> JSON | None: ...
     async def fresh(self, key: PodKey) -> JSON | None: ...
     async def make_for_bind(self, key: PodKey, pod: JSON, claim: PodClaim, node: str) -> bool: ...
     async def delete_reservation(self, key: PodKey, uid: str) -> None: ...
@@ -121,7 +117,7 @@ class Binder:
             return f"pod {call.namespace}/{call.name}: {error}"
 
     async def _bind(self, key: PodKey, call: BindCall) -> None:
-        pod = self._as_seen(key, call.uid) or await self._pod(key, call.uid)
+        pod = await self._pod(key, call.uid)
         claim = _claim_of(pod)
         bound = bound_node(pod)
         if bound is not None:
@@ -138,8 +134,8 @@ class Binder:
         record = await self._admitted(key, pod, claim, call)
         for attempt in range(_BINDING_ATTEMPTS):
             # The Binding carries the resourceVersion of a read whose claim is the one
-            # admitted: first the pod above, as watched or read (nothing writes the pod
-            # meanwhile, as a rule); a conflict (written since) reads it and tries again.
+            # admitted: first the read above (nothing writes the pod meanwhile, as a rule:
+            # a read fewer per pod); a conflict (written since) reads it and tries again.
             if attempt:
                 pod = await self._pod(key, call.uid)
                 if bound_node(pod) == call.node:
@@ -166,18 +162,6 @@ class Binder:
             and self._gates.record_of(key, uid) is record
             and record.held
         )
-
-    def _as_seen(self, key: PodKey, uid: str) -> JSON | None:
-        """The pod as the watch showed it, if it is one to bind as it is (a request fewer
-        per pod); None if any of that is in doubt, then it is read."""
-        pod = self._gates.seen(key)
-        if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
-            return None
-        if bound_node(pod) is not None or is_gated(pod) or is_finished(pod):
-            return None
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
-            return None
-        return pod
 
     async def _pod(self, key: PodKey, uid: str) -> JSON:
         pod = await self._gates.fresh(key)

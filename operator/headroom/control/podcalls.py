@@ -167,11 +167,6 @@ class PodCalls:
         if uid in self._state.records:
             await self._releases.setdefault(uid, asyncio.Event()).wait()
 
-    def seen(self, key: PodKey) -> JSON | None:
-        """The pod as the watch (or a read since) last showed it; None: not seen."""
-        seen = self._pods.get(key)
-        return seen.obj if seen is not None else None
-
     async def fresh(self, key: PodKey) -> JSON | None:
         """The pod as the API has it now (None: it does not exist)."""
         return await self._fresh(key)
