@@ -239,6 +239,24 @@ def test_a_lifetime_sets_the_pods_deadline_before_the_binding() -> None:
     assert gates.calls == ["get", "patch", "binding n1"]
 
 
+def test_a_claim_edited_before_the_deadline_patch_is_not_bound_on_the_old_admission() -> None:
+    # The claim grows while its reservation is decided; the deadline patch answers with
+    # the pod as it is now (a new resourceVersion), which must not carry the Binding.
+    gates = FakeGates(pod(), edited=pod(rv="2", ram="8Gi"))
+    gates.decide = lambda node: (Phase.ADMITTED, Reason.FITS)
+    made = gates.make_for_bind
+
+    async def with_lifetime(*args: Any) -> bool:
+        done = await made(*args)
+        assert gates.record is not None
+        gates.record.decision.expires_at = NOW + timedelta(hours=1)
+        return done
+
+    gates.make_for_bind = with_lifetime  # type: ignore[method-assign]
+    assert "changed while it was bound" in bind(gates)
+    assert "nodeName" not in gates.pod["spec"]
+
+
 @pytest.mark.parametrize("ram", ["4Gi", "lots"])
 def test_a_pod_that_claims_nothing_is_bound_plainly_and_a_bad_claim_not_at_all(ram: str) -> None:
     gates = FakeGates(pod(ram=ram))

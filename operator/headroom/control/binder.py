@@ -30,6 +30,9 @@ while an earlier call still runs, never bind one pod twice):
 
 A quota's lifetime ends the pod by then: ``spec.activeDeadlineSeconds`` is set before
 the Binding, as the gate path's ungate patch does (the kubelet counts from the start).
+The patch answers with the pod as it is now, whose version the Binding then carries: a
+pod whose claim changed since it was read is read again and judged, never bound on the
+old claim's admission.
 """
 
 from __future__ import annotations
@@ -143,6 +146,13 @@ class Binder:
                 if bound_node(pod) is not None or _claim_of(pod) != claim:
                     raise BindError(f"pod {key[0]}/{key[1]} changed while it was bound; again")
             pod = await self._with_deadline(key, pod, record)
+            if bound_node(pod) is not None or _claim_of(pod) != claim:
+                # The deadline patch answers with the pod as it is now: written since the
+                # read (its claim resized while it was decided), its new version must not
+                # carry the Binding on the old claim's admission. Read it and judge again.
+                if attempt == _BINDING_ATTEMPTS - 1:
+                    raise BindError(f"pod {key[0]}/{key[1]} changed while it was bound; again")
+                continue
             if not self._still_admitted(key, call.uid, record):
                 raise BindError(f"the reservation of pod {key[0]}/{key[1]} changed; again")
             try:
