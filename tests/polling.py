@@ -35,13 +35,18 @@ async def eventually_async(
 ) -> Any:
     """:func:`eventually` in the test's own event loop, which the awaited code shares:
     ``check`` may be a coroutine function, and a check that answers ``False`` has not
-    passed yet (``what`` then names it in the failure). ``within``: seconds."""
+    passed yet (``what`` then names it in the failure; any other answer has passed,
+    so a check that means "not yet" answers a real bool). ``within``: seconds."""
     deadline = time.monotonic() + within
     while True:
         try:
             value = check()
             if inspect.isawaitable(value):
-                value = await value
+                try:  # a check that never answers fails too, at the deadline
+                    async with asyncio.timeout(max(deadline - time.monotonic(), every)):
+                        value = await value
+                except TimeoutError:
+                    raise AssertionError(f"no answer within {within}s: {what or check}") from None
             if value is False:
                 raise AssertionError(f"not within {within}s: {what or check}")
             return value
