@@ -51,16 +51,16 @@ async def test_resync_releases_what_a_lost_deleted_event_would_have(
     await controller.start()  # the rebuild lists the Node created above
 
     created = await asyncio.to_thread(rsv.create, custom, namespace, "held", node, 4096)
-    controller.on_reservation("ADDED", created)
+    controller.reservations.on_event("ADDED", created)
     assert (await decided(custom, namespace, "held"))["status"]["phase"] == "Admitted"
     assert controller.state.ledger.allocatable_ram(node) == 0
 
     await asyncio.to_thread(rsv.delete, custom, namespace, "held")  # DELETED event withheld
     assert controller.state.ledger.allocatable_ram(node) == 0
-    await controller.resync()
+    await controller.reservations.relist()
     assert controller.state.ledger.allocatable_ram(node) == 4096
 
     later = await asyncio.to_thread(rsv.create, custom, namespace, "later", node, 4096)
-    await controller.resync()  # an undecided object found by the resync is decided
+    await controller.reservations.relist()  # an undecided object found by the resync is decided
     assert (await decided(custom, namespace, "later"))["status"]["phase"] == "Admitted"
     assert later["metadata"]["uid"] in controller.state.holders.values()

@@ -168,7 +168,7 @@ async def test_a_reclaim_whose_writes_keep_failing_is_written_in_the_end(
     assert metrics.registry.get_sample_value("headroom_status_write_failures_total") > failed
     assert metrics.registry.get_sample_value("headroom_status_write_retries_total") == retried
     forbidden.times = 0
-    await controller.resync()
+    await controller.reservations.relist()
     await eventually_async(
         lambda: not any(not r.confirmed for r in controller.state.records.values()), within=20
     )
@@ -198,7 +198,7 @@ async def test_a_refused_admission_is_rolled_back_and_decided_again_by_the_resyn
     assert controller.state.ledger.allocatable_ram(node) == 4096  # rolled back: nothing held
     assert not (await status_of(custom, namespace, "blocked")).get("phase")
     forbidden.times = 0
-    await controller.resync()
+    await controller.reservations.relist()
     status = await asyncio.to_thread(rsv.wait_for, custom, namespace, "blocked")
     assert status["status"]["phase"] == "Admitted"
 
@@ -214,13 +214,13 @@ async def test_a_lost_deleted_event_is_forgotten_by_the_resync(
     make_node(node, memory="5Gi")
     controller = await start(follow_watches=False)  # the test plays the watch, and loses one
     created = await asyncio.to_thread(rsv.create, custom, namespace, "too-big", node, 9999)
-    controller.on_reservation("ADDED", created)
+    controller.reservations.on_event("ADDED", created)
     status = await asyncio.to_thread(rsv.wait_for, custom, namespace, "too-big")
     assert status["status"]["phase"] == "Rejected"
     uid = created["metadata"]["uid"]
     assert uid in controller.state.records
     await asyncio.to_thread(rsv.delete, custom, namespace, "too-big")  # DELETED withheld
-    await controller.resync()
+    await controller.reservations.relist()
     assert uid not in controller.state.records
 
 
@@ -257,12 +257,12 @@ async def test_a_resync_list_older_than_a_delete_and_recreate_changes_nothing(
     controller = await start(follow_watches=False)  # the test plays the watch
     first = await asyncio.to_thread(rsv.create, custom, namespace, "x", node, 6000)
     slow = transport.add(Rule("LIST", "/reservations", "hold", times=1))
-    resync = asyncio.create_task(controller.resync())
+    resync = asyncio.create_task(controller.reservations.relist())
     await slow.reached.wait()  # the list shows x, first incarnation, undecided
     await asyncio.to_thread(rsv.delete, custom, namespace, "x")
-    controller.on_reservation("DELETED", first)
+    controller.reservations.on_event("DELETED", first)
     second = await asyncio.to_thread(rsv.create, custom, namespace, "x", node, 6000)
-    controller.on_reservation("ADDED", second)
+    controller.reservations.on_event("ADDED", second)
     assert (await asyncio.to_thread(rsv.wait_for, custom, namespace, "x"))["status"][
         "phase"
     ] == "Admitted"
@@ -270,7 +270,7 @@ async def test_a_resync_list_older_than_a_delete_and_recreate_changes_nothing(
     await resync
     await asyncio.sleep(1)
     y = await asyncio.to_thread(rsv.create, custom, namespace, "y", node, 6000)
-    controller.on_reservation("ADDED", y)
+    controller.reservations.on_event("ADDED", y)
     decided = await asyncio.to_thread(rsv.wait_for, custom, namespace, "y")
     assert decided["status"]["reason"] == "InsufficientRAM", decided["status"]
     assert controller.state.holders[f"{namespace}/x"] == second["metadata"]["uid"]
@@ -294,9 +294,9 @@ async def test_a_late_added_of_an_earlier_incarnation_does_not_undo_the_held_one
     controller = await start(follow_watches=False)  # the rebuild's list brings the new one
     admitted = await asyncio.to_thread(rsv.wait_for, custom, namespace, "x")
     assert admitted["status"]["phase"] == "Admitted"
-    controller.on_reservation("ADDED", old)  # late, from the lagging watch
+    controller.reservations.on_event("ADDED", old)  # late, from the lagging watch
     await asyncio.sleep(0.5)
-    controller.on_reservation("ADDED", new)  # then the new one's, without its status
+    controller.reservations.on_event("ADDED", new)  # then the new one's, without its status
     await asyncio.sleep(1)
     after = await asyncio.to_thread(rsv.get, custom, namespace, "x")
     assert after["status"]["decisionID"] == admitted["status"]["decisionID"]  # decided once
@@ -376,8 +376,8 @@ async def test_reservations_on_a_node_wait_behind_an_earlier_one_whose_owner_is_
         rsv.create, custom, namespace, "first", node, 6000, owner={"pod": "p"}
     )
     second = await asyncio.to_thread(rsv.create, custom, namespace, "second", node, 6000)
-    controller.on_reservation("ADDED", first)
-    controller.on_reservation("ADDED", second)
+    controller.reservations.on_event("ADDED", first)
+    controller.reservations.on_event("ADDED", second)
     assert (await asyncio.to_thread(rsv.wait_for, custom, namespace, "first"))["status"][
         "phase"
     ] == "Admitted"

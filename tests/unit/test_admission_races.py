@@ -43,11 +43,11 @@ def test_a_late_added_of_an_earlier_incarnation_does_not_undo_the_held_one() -> 
         assert admitted["metadata"]["uid"] == new["metadata"]["uid"]
         assert admitted["status"]["phase"] == "Admitted"
         decision = admitted["status"]["decisionID"]
-        controller.on_reservation("ADDED", old)  # the lagging watch: the old incarnation
+        controller.reservations.on_event("ADDED", old)  # the lagging watch: the old incarnation
         await asyncio.sleep(2)
-        controller.on_reservation("ADDED", new)  # then the new one's ADDED, without status
+        controller.reservations.on_event("ADDED", new)  # then the new one's ADDED, without status
         await asyncio.sleep(2)
-        controller.on_reservation("MODIFIED", server.reservations(NS)[0])
+        controller.reservations.on_event("MODIFIED", server.reservations(NS)[0])
         await asyncio.sleep(2)
         [after] = server.reservations(NS)
         assert after["status"]["decisionID"] == decision  # decided once
@@ -98,7 +98,7 @@ def test_the_operators_own_reservation_written_from_a_newer_view_of_its_pod_is_r
         body = pod_reservation(labelled, pod_claim(labelled), "n1", node_ram_mb=4096)
         assert body["spec"]["ramMB"] == 4096  # its limit
         created = server.create(resource_path("headroom.dev", "v1alpha1", "reservations", NS), body)
-        controller.on_reservation("ADDED", created)  # before the owner watch's MODIFIED
+        controller.reservations.on_event("ADDED", created)  # before the owner watch's MODIFIED
         await asyncio.sleep(2)
         [recorded] = server.reservations(NS)
         status = recorded["status"]

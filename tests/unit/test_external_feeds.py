@@ -50,7 +50,7 @@ def bound(name: str, node: str, gpus: str) -> JSON:
 class Feeds:
     def __init__(self, config: str = "") -> None:
         self.world = World(config)
-        self.world.nodes.on_node(None, a_node("n1"))
+        self.world.nodes.on_event(None, a_node("n1"))
         self.world.slices.on_slice("ADDED", a_slice("s1", "n1", ["80Gi", "80Gi"]))
         self.lister = Lister()
         self.woken = 0
@@ -127,22 +127,22 @@ def test_without_dra_one_warning_then_a_resync_finds_the_claims(
 
 def test_device_plugin_pods_count_with_pod_requests_ignored_and_free_when_they_end() -> None:
     feeds = Feeds("podRequests: ignore")
-    feeds.pods.on_pod("ADDED", bound("cuda", "n1", "1"))
+    feeds.pods.on_event("ADDED", bound("cuda", "n1", "1"))
     assert feeds.free() == [0, 80 * GIB]  # the emptiest, ties by id
     assert feeds.world.state.ledger.node_summary("n1", NOW).pod_requests_mb == 0
     done = bound("cuda", "n1", "1")
     done["status"] = {"phase": "Succeeded"}
-    feeds.pods.on_pod("MODIFIED", done)
+    feeds.pods.on_event("MODIFIED", done)
     assert feeds.free() == [80 * GIB, 80 * GIB]
-    feeds.pods.on_pod("ADDED", bound("two", "n1", "2"))
+    feeds.pods.on_event("ADDED", bound("two", "n1", "2"))
     assert feeds.free() == [0, 0]
-    feeds.pods.on_pod("DELETED", bound("two", "n1", "2"))
+    feeds.pods.on_event("DELETED", bound("two", "n1", "2"))
     assert feeds.free() == [80 * GIB, 80 * GIB]
 
 
 def test_no_resources_configured_no_gpus_counted() -> None:
     feeds = Feeds("gpus: {devicePluginResources: []}")
-    feeds.pods.on_pod("ADDED", bound("cuda", "n1", "1"))
+    feeds.pods.on_event("ADDED", bound("cuda", "n1", "1"))
     assert feeds.free() == [80 * GIB, 80 * GIB]
     assert feeds.world.state.ledger.node_summary("n1", NOW).pod_requests_mb == 1024
 
@@ -151,20 +151,20 @@ def test_a_list_asked_for_before_a_pods_deletion_does_not_bring_it_back() -> Non
     feeds = Feeds()
     listed_at = feeds.world.clock.at
     feeds.world.clock.at += 1
-    feeds.pods.on_pod("ADDED", bound("cuda", "n1", "1"))
+    feeds.pods.on_event("ADDED", bound("cuda", "n1", "1"))
     feeds.world.clock.at += 1
-    feeds.pods.on_pod("DELETED", bound("cuda", "n1", "1"))
-    feeds.pods.on_pod(None, bound("cuda", "n1", "1"), listed_at=listed_at)  # older page
+    feeds.pods.on_event("DELETED", bound("cuda", "n1", "1"))
+    feeds.pods.on_event(None, bound("cuda", "n1", "1"), listed_at=listed_at)  # older page
     assert feeds.free() == [80 * GIB, 80 * GIB]
 
 
 def test_a_pod_no_reader_expects_is_skipped_and_the_others_still_count() -> None:
     feeds = Feeds()
     odd = bound("odd", "n1", "²")  # str.isdigit() takes it; int() does not
-    feeds.pods.on_pod("ADDED", odd)
-    feeds.pods.on_pod(
+    feeds.pods.on_event("ADDED", odd)
+    feeds.pods.on_event(
         "ADDED", {**bound("odd2", "n1", "1"), "spec": {"nodeName": "n1", "containers": 5}}
     )
     assert feeds.free() == [80 * GIB, 80 * GIB]
-    feeds.pods.on_pod("ADDED", bound("cuda", "n1", "1"))
+    feeds.pods.on_event("ADDED", bound("cuda", "n1", "1"))
     assert feeds.free() == [0, 80 * GIB]

@@ -66,7 +66,7 @@ async def deliver_reservations(server: FakeApiServer, controller: Controller) ->
     for _ in range(3):
         await asyncio.sleep(1)
         for reservation in server.reservations(NS):
-            controller.on_reservation("MODIFIED", reservation)
+            controller.reservations.on_event("MODIFIED", reservation)
 
 
 def bound_pod(server: FakeApiServer, node: str, ram: str = "512Mi", request: str = "") -> JSON:
@@ -104,11 +104,11 @@ def test_the_new_pods_reservation_is_its_own_though_the_old_pods_deletion_was_mi
         server.delete(f"{PODS}/p")  # its DELETED reaches no one
         new = bound_pod(server, "n1")
         assert new["metadata"]["uid"] != old["metadata"]["uid"]
-        controller.gates.on_pod("ADDED", new)  # the old reservation goes, a new one comes
+        controller.gates.on_event("ADDED", new)  # the old reservation goes, a new one comes
         await asyncio.sleep(1)
-        controller.on_reservation("DELETED", first)
+        controller.reservations.on_event("DELETED", first)
         await deliver_reservations(server, controller)
-        controller.owners.on_pod("MODIFIED", new)  # the owner watch sees the new pod
+        controller.owners.on_event("MODIFIED", new)  # the owner watch sees the new pod
         await deliver_reservations(server, controller)
         [second] = server.reservations(NS)
         owner = second["metadata"]["ownerReferences"][0]["uid"]
@@ -131,14 +131,14 @@ def test_a_late_event_of_the_old_pod_does_not_release_the_new_pods_reservation()
         [first] = server.reservations(NS)
         server.delete(f"{PODS}/p")
         new = bound_pod(server, "n1")
-        controller.gates.on_pod("DELETED", old)
-        controller.owners.on_pod("DELETED", old)
-        controller.gates.on_pod("ADDED", new)
+        controller.gates.on_event("DELETED", old)
+        controller.owners.on_event("DELETED", old)
+        controller.gates.on_event("ADDED", new)
         await asyncio.sleep(1)
-        controller.on_reservation("DELETED", first)
-        controller.owners.on_pod("ADDED", new)
+        controller.reservations.on_event("DELETED", first)
+        controller.owners.on_event("ADDED", new)
         await deliver_reservations(server, controller)
-        controller.owners.on_pod("MODIFIED", old)  # late, from a watch behind a list
+        controller.owners.on_event("MODIFIED", old)  # late, from a watch behind a list
         await deliver_reservations(server, controller)
         [second] = server.reservations(NS)
         assert second["metadata"]["ownerReferences"][0]["uid"] == new["metadata"]["uid"]
@@ -226,7 +226,7 @@ def test_a_watch_event_older_than_the_list_does_not_unbind_a_running_pod() -> No
         controller = start(server)
         await controller.start()  # lists it bound: its reservation is made on n1
         await asyncio.sleep(1)
-        controller.gates.on_pod("ADDED", unbound)  # the watch, late, shows it as created
+        controller.gates.on_event("ADDED", unbound)  # the watch, late, shows it as created
         await deliver_reservations(server, controller)
         [reservation] = server.reservations(NS)
         # It runs there: recorded, over the limit if it must be, never queued behind

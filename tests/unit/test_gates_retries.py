@@ -94,7 +94,7 @@ def test_a_refused_pods_retry_delay_is_not_hidden_by_a_longer_failure_backoff() 
         server.subscribe(on_change)
         await controller.start()
         for reservation in server.reservations(NS):  # the filler is admitted
-            controller.on_reservation("ADDED", reservation)
+            controller.reservations.on_event("ADDED", reservation)
         transport.sixth = asyncio.Event()
         await transport.sixth.wait()
         await asyncio.sleep(0.1)  # that pass ends: its failure backoff runs, 15-30 s
@@ -104,10 +104,10 @@ def test_a_refused_pods_retry_delay_is_not_hidden_by_a_longer_failure_backoff() 
         while not refused_at and now() < unblocked + 60:  # made, queued, refused
             await asyncio.sleep(1)
             for reservation in server.reservations(NS):
-                controller.on_reservation("MODIFIED", reservation)
+                controller.reservations.on_event("MODIFIED", reservation)
         await asyncio.sleep(1)
         for reservation in server.reservations(NS):  # its refusal confirmed
-            controller.on_reservation("MODIFIED", reservation)
+            controller.reservations.on_event("MODIFIED", reservation)
         assert refused_at, "the pod's reservation was not refused"
         await asyncio.sleep(60)
         await controller.stop()

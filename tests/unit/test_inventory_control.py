@@ -138,7 +138,7 @@ class World:
 
 def test_a_list_older_than_a_watch_event_does_not_undo_it() -> None:
     world = World()
-    world.nodes.on_node(None, a_node("n1"))
+    world.nodes.on_event(None, a_node("n1"))
     world.slices.on_slice("ADDED", a_slice("s1", "n1", ["80Gi"]))
     assert world.vram("n1") == 80 * 1024
     listed_at = world.clock.at
@@ -154,7 +154,7 @@ def test_a_list_older_than_a_watch_event_does_not_undo_it() -> None:
 def test_a_slice_moving_node_and_ignored_slices() -> None:
     world = World()
     for name in ("n1", "n2"):
-        world.nodes.on_node(None, a_node(name))
+        world.nodes.on_event(None, a_node(name))
     world.slices.on_slice("ADDED", a_slice("s", "n1", ["80Gi"]))
     world.slices.on_slice("MODIFIED", a_slice("s", "n2", ["80Gi", "80Gi"]))
     assert world.refreshed[-1] == {"n1", "n2"}
@@ -170,7 +170,7 @@ def test_without_dra_one_warning_then_a_resync_finds_them(
 ) -> None:
     async def scenario() -> None:
         world = World()
-        world.nodes.on_node(None, a_node("n1"))
+        world.nodes.on_event(None, a_node("n1"))
         with caplog.at_level(logging.WARNING):
             assert await world.slices.take_listed() is None
             await world.slices.resync()
@@ -203,12 +203,12 @@ def test_no_drivers_no_list() -> None:
 
 def test_a_pool_mid_update_keeps_the_last_inventory_without_a_warning() -> None:
     world = World()
-    world.nodes.on_node(None, a_node("n1"))
+    world.nodes.on_event(None, a_node("n1"))
     world.slices.on_slice("ADDED", a_slice("g1", "n1", ["40Gi"], pool="p"))
     assert world.vram("n1") == 40 * 1024
     world.slices.on_slice("ADDED", a_slice("g2a", "n1", ["80Gi"], pool="p", generation=2, count=2))
     assert world.vram("n1") == 40 * 1024
-    world.nodes.on_node("MODIFIED", a_node("n1"))  # a Node event meanwhile changes nothing
+    world.nodes.on_event("MODIFIED", a_node("n1"))  # a Node event meanwhile changes nothing
     assert world.vram("n1") == 40 * 1024
     world.slices.on_slice("ADDED", a_slice("g2b", "n1", ["80Gi"], pool="p", generation=2, count=2))
     assert world.vram("n1") == 160 * 1024
@@ -217,12 +217,12 @@ def test_a_pool_mid_update_keeps_the_last_inventory_without_a_warning() -> None:
 
 def test_bad_inventory_warns_once_per_distinct_set_and_enforces_nothing() -> None:
     world = World()
-    world.nodes.on_node(None, a_node("n1"))
+    world.nodes.on_event(None, a_node("n1"))
     bad = a_slice("s1", "n1", ["80Gi"], count=1)
     twin = a_slice("s2", "n1", ["80Gi"], pool="s1", count=1)  # 2 slices, count 1
     world.slices.on_slice("ADDED", bad)
     world.slices.on_slice("ADDED", twin)
-    world.nodes.on_node("MODIFIED", a_node("n1"))
+    world.nodes.on_event("MODIFIED", a_node("n1"))
     [(node, _, message)] = world.warnings("BadGpuInventory")
     assert node == "n1"
     assert "resourceSliceCount is 1" in message
@@ -236,14 +236,14 @@ def test_bad_inventory_warns_once_per_distinct_set_and_enforces_nothing() -> Non
 
 def test_devices_gone_under_a_claim_warn_overcommitted_once() -> None:
     world = World()
-    world.nodes.on_node(None, a_node("n1"))
+    world.nodes.on_event(None, a_node("n1"))
     world.slices.on_slice("ADDED", a_slice("s1", "n1", ["80Gi"]))
     world.slices.on_slice("ADDED", a_slice("s2", "n1", ["80Gi"]))
     entry = Entry("ns/a", "n1", 16, NOW, NOW, vram_mb=60 * 1024, owner=Owner(pod="p"))
     assert world.state.ledger.reserve(entry, NOW).admitted
     assert entry.devices == {"GPU-s1-0": 60 * 1024}  # binpack, ties to the smaller id
     world.slices.on_slice("DELETED", a_slice("s1", "n1", ["80Gi"]))
-    world.nodes.on_node("MODIFIED", a_node("n1"))
+    world.nodes.on_event("MODIFIED", a_node("n1"))
     [(node, _, message)] = world.warnings("OverCommitted")
     assert node == "n1"
     assert "no longer in the inventory" in message
@@ -252,7 +252,7 @@ def test_devices_gone_under_a_claim_warn_overcommitted_once() -> None:
 
 def test_node_annotations_set_the_policy_the_ledger_uses() -> None:
     world = World("limits: {gpuPolicy: binpack}")
-    world.nodes.on_node(None, a_node("n1", **{"headroom.dev/gpu-policy": "spread"}))
+    world.nodes.on_event(None, a_node("n1", **{"headroom.dev/gpu-policy": "spread"}))
     assert world.state.ledger.limits_for("n1").gpu_policy == GpuPolicy.SPREAD
     assert world.state.ledger.limits_for("n1") != Limits()
 
@@ -272,8 +272,9 @@ class Recording:
         return getattr(self.inner, name)
 
 
-def test_the_rebuild_reads_slices_after_nodes_and_before_reservations() -> None:
-    """No reservation is restored or decided before its node's devices are known; an API
+def test_the_rebuild_reads_slices_then_nodes_then_reservations() -> None:
+    """No reservation is restored or decided before its node's devices are known, and a
+    Node is applied with its slices already there (its inventory read once); an API
     server without resource.k8s.io/v1 (the fake: 404) does not stop the rebuild."""
 
     async def scenario() -> None:
@@ -285,9 +286,9 @@ def test_the_rebuild_reads_slices_after_nodes_and_before_reservations() -> None:
             OperatorConfig(), cast(Transport, transport), clock=VirtualClock(), follow_watches=False
         )
         versions = await controller.rebuild()
-        assert versions.slices is None  # not served: the watch waits for a resync
+        assert versions["resourceslices"] is None  # not served: the watch waits for a resync
         order = [p for p in transport.listed if p in (NODES, RESOURCE_SLICES, RESERVATIONS)]
-        assert order == [NODES, RESOURCE_SLICES, RESERVATIONS]
+        assert order == [RESOURCE_SLICES, NODES, RESERVATIONS]
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=60)

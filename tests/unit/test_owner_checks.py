@@ -56,7 +56,7 @@ def test_an_owner_pod_deleted_while_it_is_read_is_read_again_and_its_reservation
             rng=random.Random(1),
         )
         await controller.start()
-        controller.owners.on_pod("ADDED", pod)
+        controller.owners.on_event("ADDED", pod)
         await deliver_reservations(server, controller)
         [reservation] = server.reservations(NS)
         assert reservation["status"]["phase"] == "Admitted"
@@ -64,7 +64,7 @@ def test_an_owner_pod_deleted_while_it_is_read_is_read_again_and_its_reservation
         controller.owners.check_gone(("ml", "p"))  # a read is sent: the pod is there
         await asyncio.sleep(1)
         server.delete(f"{PODS}/p")
-        controller.owners.on_pod("DELETED", pod)  # while that read is in flight
+        controller.owners.on_event("DELETED", pod)  # while that read is in flight
         await asyncio.sleep(10)
         await deliver_reservations(server, controller)
         [after] = server.reservations(NS)
@@ -101,7 +101,7 @@ def decided_after_reads(config: OperatorConfig, scheduler_name: str) -> tuple[st
             config, transport, clock=VirtualClock(), follow_watches=False, rng=random.Random(1)
         )
         await controller.start()
-        controller.owners.on_pod("ADDED", pod)
+        controller.owners.on_event("ADDED", pod)
         reservation = pod_reservation(pod, pod_claim(pod), "n1")
         server.create(resource_path("headroom.dev", "v1alpha1", "reservations", NS), reservation)
         await deliver_reservations(server, controller)

@@ -66,8 +66,8 @@ def test_a_pod_with_no_room_waits_in_a_nodes_queue_and_is_nudged_when_admitted()
         controller = await started(server)
         await deliver_reservations(server, controller)
         pod = waiting_pod(server, "4Gi")
-        controller.gates.on_pod("ADDED", pod)
-        controller.owners.on_pod("ADDED", pod)
+        controller.gates.on_event("ADDED", pod)
+        controller.owners.on_event("ADDED", pod)
         await controller.gates.queue(("ml", "p"), pod, "n1")
         await deliver_reservations(server, controller)
         mine = next(r for r in server.reservations(NS) if r["metadata"]["name"] == "p")
@@ -77,7 +77,7 @@ def test_a_pod_with_no_room_waits_in_a_nodes_queue_and_is_nudged_when_admitted()
         assert len(server.reservations(NS)) == 2
         assert ROOM_ANNOTATION not in server.get(f"{PODS}/p")["metadata"]["annotations"]
         server.delete(f"{RESERVATIONS}/filler")
-        controller.on_reservation("DELETED", filler)
+        controller.reservations.on_event("DELETED", filler)
         await deliver_reservations(server, controller)
         await asyncio.sleep(2)
         mine = server.get(f"{RESERVATIONS}/p")
@@ -90,7 +90,7 @@ def test_a_pod_with_no_room_waits_in_a_nodes_queue_and_is_nudged_when_admitted()
         edited = server.merge_patch(
             f"{PODS}/p", {"metadata": {"annotations": {RAM_ANNOTATION: "2Gi"}}}
         )
-        controller.gates.on_pod("MODIFIED", edited | {"status": pod["status"]})
+        controller.gates.on_event("MODIFIED", edited | {"status": pod["status"]})
         await controller.gates.queue(("ml", "p"), edited, "n1")
         kept = server.get(f"{RESERVATIONS}/p")
         assert kept is not None
@@ -116,11 +116,11 @@ def test_a_waiter_whose_node_no_longer_suits_it_or_whose_claim_changed_waits_ane
             server.create(RESERVATIONS, reservation(f"fill-{node}", node, 7000))
         controller = await started(server)
         for node in ("n1", "n2"):
-            controller.nodes.on_node("ADDED", server.get(f"/api/v1/nodes/{node}"))
+            controller.nodes.on_event("ADDED", server.get(f"/api/v1/nodes/{node}"))
         await deliver_reservations(server, controller)
         pod = waiting_pod(server, "4Gi", selector={"pool": "a"})
-        controller.gates.on_pod("ADDED", pod)
-        controller.owners.on_pod("ADDED", pod)
+        controller.gates.on_event("ADDED", pod)
+        controller.owners.on_event("ADDED", pod)
         key = ("ml", "p")
 
         async def queue_and_see(node: str) -> JSON:
@@ -128,7 +128,7 @@ def test_a_waiter_whose_node_no_longer_suits_it_or_whose_claim_changed_waits_ane
             task = asyncio.create_task(controller.gates.queue(key, pod, node))
             await asyncio.sleep(1)
             if old is not None and server.get(f"{RESERVATIONS}/p") is None:
-                controller.on_reservation("DELETED", old)  # as the watch says it
+                controller.reservations.on_event("DELETED", old)  # as the watch says it
             await task
             await deliver_reservations(server, controller)
             found = server.get(f"{RESERVATIONS}/p")
@@ -139,14 +139,14 @@ def test_a_waiter_whose_node_no_longer_suits_it_or_whose_claim_changed_waits_ane
         assert (first["spec"]["node"], first["status"]["phase"]) == ("n1", "Queued")
         same = await queue_and_see("n2")  # n1 still suits it: it keeps its place there
         assert same["metadata"]["uid"] == first["metadata"]["uid"]
-        controller.nodes.on_node("MODIFIED", server.put_node("n1", 8192, labels={"pool": "b"}))
+        controller.nodes.on_event("MODIFIED", server.put_node("n1", 8192, labels={"pool": "b"}))
         moved = await queue_and_see("n2")
         assert (moved["spec"]["node"], moved["status"]["phase"]) == ("n2", "Queued")
         edited = server.merge_patch(
             f"{PODS}/p", {"metadata": {"annotations": {RAM_ANNOTATION: "5Gi"}}}
         )
         pod = edited | {"status": pod["status"]}
-        controller.gates.on_pod("MODIFIED", pod)
+        controller.gates.on_event("MODIFIED", pod)
         again = await queue_and_see("n2")
         assert again["metadata"]["uid"] != moved["metadata"]["uid"]
         assert again["spec"]["ramMB"] == 5120

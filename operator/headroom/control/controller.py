@@ -1,17 +1,20 @@
 """The controller: rebuild the ledger from the API, then keep every object level with it.
 
-Start-up order is the safety argument. :meth:`Controller.start` lists every
-Node, every node-local ResourceSlice (the GPU inventory), every labelled owner
-Pod and every Reservation (paged) and rebuilds the ledger from the admitted ones
-*before* the decider starts, so no decision is ever taken against a ledger that
-lacks an admitted reservation, and no reservation is restored or decided before
-its node's GPU devices are known. Then it follows them with its own WATCHes from
-those lists' resourceVersions (no gap, no replay; ``headroom.kube.watch`` says
-why not kopf).
+Start-up order is the safety argument. :meth:`Controller.start` takes the list of
+every feed (``headroom.control.feeds``), in the order :attr:`Controller.feeds`
+declares: each node's GPU inventory (ResourceSlices) and what DRA claims hold,
+every namespace and quota, every pod's requests, every Node, every labelled owner
+Pod, every Reservation (paged; the trusted admissions restored together) and every
+claim pod. All of it is in the ledger *before* the decider starts, so no decision
+is ever taken against a ledger that lacks an admitted reservation, and no
+reservation is restored or decided before its node's GPU devices are known. Then
+it follows every feed with its own WATCH from its list's resourceVersion (no gap,
+no replay; ``headroom.kube.watch`` says why not kopf).
 
-Level-triggered: every path that brings a Reservation ends in the same
-reconcile (``headroom.control.reconcile``); this module wires the parts
-together, runs the periodic resync, and starts and stops everything.
+Level-triggered: every path that brings a Reservation ends in the same reconcile
+(``headroom.control.reconcile``). This module builds the parts, each after what it
+calls, connects the named signals they emit (``headroom.control.signals``) in one
+block, runs the periodic resync over the feeds, and starts and stops everything.
 """
 
 from __future__ import annotations
@@ -24,24 +27,26 @@ import random
 import uuid
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from headroom.api.config import OperatorConfig
-from headroom.api.paths import HEADROOM_QUOTAS, NAMESPACES, NODES, PODS, RESERVATIONS
 from headroom.control.admission import Admission
 from headroom.control.extender import filter_nodes
-from headroom.control.gates import CLAIM_SELECTOR, Gates
+from headroom.control.feeds import Feed
+from headroom.control.gates import Gates
 from headroom.control.keys import Adoption, load_key
 from headroom.control.lookups import Lookups
 from headroom.control.nodes import Nodes
-from headroom.control.owners import OWNER_SELECTOR, Owners
+from headroom.control.owners import Owners
 from headroom.control.podrequests import PodRequestsFeed
 from headroom.control.quotas import QuotaFeed
 from headroom.control.quotastatus import QuotaStatuses
 from headroom.control.reclaim import Reclaimer
 from headroom.control.reconcile import Reconciler
+from headroom.control.reservations import ReservationFeed
 from headroom.control.resourceclaims import ResourceClaims
 from headroom.control.roomwaiters import RoomWaiters
+from headroom.control.signals import Signals
 from headroom.control.slices import Slices
 from headroom.control.state import State, pod_key
 from headroom.control.summaries import Summaries
@@ -51,27 +56,10 @@ from headroom.control.writer import StatusWriter
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock, SystemClock
 from headroom.kube.events import EventRecorder
-from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
-from headroom.kube.watch import follow
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.objects.stamp import Stamper
 
 log = logging.getLogger(__name__)
-DELETED = "DELETED"
-_TOMBSTONES_KEPT = 600.0  # seconds; no list takes that long
-
-
-class ListVersions(NamedTuple):
-    """The resourceVersions of the rebuild's lists: where each watch starts."""
-
-    nodes: str
-    owner_pods: str
-    reservations: str
-    claims: str
-    all_pods: str
-    slices: str | None  # None: ResourceSlices not served (the watch waits for a resync)
-    resource_claims: str | None  # None: likewise for ResourceClaims
-    quotas: str
-    namespaces: str
 
 
 class Controller:
@@ -98,157 +86,133 @@ class Controller:
         self.telemetry = telemetry or NoTelemetry()
         self.supervisor = supervisor or Supervisor()
         self._follow_watches = follow_watches
-        self.state = state = State(config.limits.to_limits())
-        state.ledger.quotas.deny_unselected = config.quotas.unselected_namespaces == "Deny"
+        self.state = State(config.limits.to_limits())
+        self.state.ledger.quotas.deny_unselected = config.quotas.unselected_namespaces == "Deny"
         self.events = events or EventRecorder(transport, clock=self.clock)
         self.ready = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
-        run_id = run_id or uuid.uuid4().hex[:8]
+        self.signals = Signals()
+        self._build_parts(may_act, time_left, run_id or uuid.uuid4().hex[:8])
+        self.feeds = self._declare_feeds()
+        self._connect_signals()
+
+    def _build_parts(
+        self, may_act: Callable[[], bool], time_left: Callable[[], float], run_id: str
+    ) -> None:
+        """Each part built after what it calls; what flows back is one of :attr:`signals`.
+        One part a statement, packed, so the wiring reads as one map (hence fmt: off)."""
+        config, transport, clock, rng = self.config, self.transport, self.clock, self.rng
+        state, events, signals = self.state, self.events, self.signals
+        drivers = config.gpus.dra_drivers
+        # fmt: off
         self.writer = StatusWriter(
-            state,
-            transport,
-            self.clock,
-            self.telemetry,
-            may_act=may_act,
-            time_left=time_left,
-            on_gone=lambda uid: self.reconciler.forget(uid),
-            on_confirmed=lambda record: self.reconciler.confirmed(record),
-            rng=self.rng,
+            state, transport, clock, self.telemetry, may_act=may_act, time_left=time_left,
+            on_gone=signals.reservation_gone, on_confirmed=signals.decision_confirmed, rng=rng,
         )
         self.summaries = Summaries(
-            state, transport, self.events, self.clock, config, may_act=may_act, time_left=time_left
+            state, transport, events, clock, config, may_act=may_act, time_left=time_left
         )
         self.nodes = Nodes(
-            state,
-            transport,
-            self.events,
-            self.clock,
-            config,
-            delete_summary=self.summaries.delete,
-            changed=lambda: self._changed_capacity(),
+            state, transport, events, clock, config,
+            delete_summary=self.summaries.delete, changed=signals.capacity_changed,
         )
         self.slices = Slices(
-            state,
-            transport,
-            self.clock,
-            drivers=config.gpus.dra_drivers,
-            refresh=self.nodes.refresh,
-            rng=self.rng,
-        )
-        self.quotas = QuotaFeed(
-            state,
-            transport,
-            self.events,
-            self.clock,
-            wake=lambda: self.admission.wake(),
-            changed=lambda: self.gates.nodes_changed(),
-            rng=self.rng,
-        )
-        self.quota_statuses = QuotaStatuses(
-            state,
-            self.quotas,
-            transport,
-            self.clock,
-            config.summary_interval,
-            may_act=may_act,
-            time_left=time_left,
-        )
-        self.lookups = Lookups(
-            state,
-            transport,
-            self.clock,
-            on_node=lambda node, asked: self.nodes.on_node(None, node, listed_at=asked),
-            on_pod=lambda pod, asked: self.owners.on_pod(None, pod, listed_at=asked),
-            wake=lambda: self.admission.wake(),
-            rng=self.rng,
-        )
-        self.room_waiters = RoomWaiters(
-            transport,
-            self.clock,
-            fits=self._filtered,
-            may_act=may_act,
-        )
-        self.admission = Admission(
-            state,
-            self.writer,
-            self.lookups,
-            self.clock,
-            run_id=run_id,
-            may_act=may_act,
-            strict=config.queueing.strict,
-            telemetry=self.telemetry,
-            namespace_ready=lambda namespace: self.quotas.namespace_ready(namespace),
-            room_on=self.room_waiters.room_on,
-        )
-        self.reclaimer = Reclaimer(
-            state,
-            transport,
-            self.writer,
-            self.clock,
-            self.telemetry,
-            config,
-            may_act=may_act,
-            observe=lambda record, source, value: self.reconciler.observe(record, source, value),
-            on_gone=lambda uid: self.reconciler.forget(uid),
-            rng=self.rng,
-            wake_admission=lambda: self.admission.wake(),
-        )
-        self.owners = Owners(
-            state,
-            transport,
-            self.events,
-            self.clock,
-            observe=lambda record, source, value: self.reconciler.observe(record, source, value),
-            reclaim=self.reclaimer.reclaim,
-            rng=self.rng,
-            scheduler=config.binding_for,
+            state, transport, clock, drivers=drivers, refresh=signals.slices_changed, rng=rng
         )
         self.resource_claims = ResourceClaims(
-            state,
-            transport,
-            self.clock,
-            drivers=config.gpus.dra_drivers,
-            changed=lambda: self.admission.wake(),
-            rng=self.rng,
+            state, transport, clock, drivers=drivers, changed=signals.wake_admission, rng=rng
         )
+        self.quotas = QuotaFeed(
+            state, transport, events, clock,
+            wake=signals.wake_admission, changed=signals.rules_changed, rng=rng,
+        )
+        self.quota_statuses = QuotaStatuses(
+            state, self.quotas, transport, clock, config.summary_interval,
+            may_act=may_act, time_left=time_left,
+        )
+        self.reclaimer = Reclaimer(
+            state, transport, self.writer, clock, self.telemetry, config, may_act=may_act,
+            observe=signals.heartbeat_seen, on_gone=signals.reservation_gone, rng=rng,
+            wake_admission=signals.wake_admission,
+        )
+        self.owners = Owners(
+            state, transport, events, clock, observe=signals.heartbeat_seen,
+            reclaim=self.reclaimer.reclaim, rng=rng, scheduler=config.binding_for,
+        )
+        self.lookups = Lookups(
+            state, transport, clock, on_node=self.nodes.on_event, on_pod=self.owners.on_event,
+            wake=signals.wake_admission, rng=rng,
+        )
+        self.gates = Gates(
+            state, transport, events, clock, reclaim=self.reclaimer.reclaim, may_act=may_act,
+            rng=rng, telemetry=self.telemetry,
+            bind_grace=config.placement.bind_grace.total_seconds(),
+        )
+        self.room_waiters = RoomWaiters(transport, clock, fits=self._filtered, may_act=may_act)
+        self.admission = Admission(
+            state, self.writer, self.lookups, clock, run_id=run_id,
+            may_act=may_act, strict=config.queueing.strict, telemetry=self.telemetry,
+            namespace_ready=self.quotas.namespace_ready, room_on=self.room_waiters.room_on,
+        )
+        self.adoption = (
+            Adoption(
+                state, self.writer, transport, clock, run_id=self.admission.run_id,
+                namespace=self._key_namespace(), secret=config.decision_key.secret_name, rng=rng,
+            )
+            if config.decision_key.enabled
+            else None
+        )
+        self.reconciler = Reconciler(
+            state, clock, config, self.admission, self.writer, self.reclaimer, events,
+            self.telemetry, check_owner=self.owners.check_gone,
+            on_reservation=signals.reservation_seen, on_forgotten=signals.reservation_forgotten,
+            on_decided=signals.decision_seen,
+            adopt=self.adoption.adopt if self.adoption is not None else None,
+        )
+        self.reservations = ReservationFeed(state, transport, clock, self.reconciler)
         gpu_resources = config.gpus.device_plugin_resources
         self.pod_requests = (
             PodRequestsFeed(
-                state,
-                transport,
-                self.clock,
-                changed=lambda: self.admission.wake(),
-                memory=config.pod_requests == "subtract",
-                gpu_resources=gpu_resources,
+                state, transport, clock, changed=signals.wake_admission,
+                memory=config.pod_requests == "subtract", gpu_resources=gpu_resources,
             )
             if config.pod_requests == "subtract" or gpu_resources
             else None
         )
-        self.gates = Gates(
-            state,
-            transport,
-            self.events,
-            self.clock,
-            reclaim=self.reclaimer.reclaim,
-            may_act=may_act,
-            rng=self.rng,
-            telemetry=self.telemetry,
-            bind_grace=config.placement.bind_grace.total_seconds(),
+        # fmt: on
+
+    def _declare_feeds(self) -> tuple[Feed, ...]:
+        """Every watched kind, in the rebuild's order (module docstring): each node's GPU
+        inventory, the GPUs DRA claims hold, every namespace and quota, every pod's
+        requests, then the Nodes (after their slices: nothing refreshed twice), the owner
+        pods (before the reservations they keep alive), the Reservations, and last the
+        claim pods (their reservations known)."""
+        return (
+            self.slices,
+            self.resource_claims,
+            *self.quotas.feeds,
+            *((self.pod_requests,) if self.pod_requests is not None else ()),
+            self.nodes,
+            self.owners,
+            self.reservations,
+            self.gates,
         )
-        self.reconciler = Reconciler(
-            state,
-            self.clock,
-            config,
-            self.admission,
-            self.writer,
-            self.reclaimer,
-            self.events,
-            self.telemetry,
-            check_owner=self.owners.check_gone,
-            on_reservation=self.gates.reservation_seen,
-            on_forgotten=self.gates.reservation_gone,
-            on_decided=self.gates.decided,
-        )
+
+    def _connect_signals(self) -> None:
+        """Who hears what: the whole map of signals between the parts."""
+        signals = self.signals
+        signals.wake_admission.connect(self.admission.wake)
+        signals.capacity_changed.connect(self.admission.wake)
+        signals.capacity_changed.connect(self.gates.nodes_changed)
+        signals.capacity_changed.connect(self.reclaimer.nearer_deadline)  # a shorter window
+        signals.rules_changed.connect(self.gates.nodes_changed)
+        signals.slices_changed.connect(self.nodes.refresh)
+        signals.reservation_gone.connect(self.reconciler.forget)
+        signals.decision_confirmed.connect(self.reconciler.confirmed)
+        signals.heartbeat_seen.connect(self.reconciler.observe)
+        signals.reservation_seen.connect(self.gates.reservation_seen)
+        signals.reservation_forgotten.connect(self.gates.reservation_gone)
+        signals.decision_seen.connect(self.gates.decided)
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -262,29 +226,15 @@ class Controller:
         """Rebuild from the API, then start deciding. Ready only after both."""
         self.events.start()
         key_config = self.config.decision_key
-        adoption = None
         if key_config.enabled:
-            namespace = self._key_namespace()
             key = await load_key(
                 self.transport,
-                namespace,
+                self._key_namespace(),
                 key_config.secret_name,
                 create=key_config.create,
                 labels=key_config.labels,
             )
             self.state.stamper = Stamper(key.key, adopting=key.adopting)
-            if key.adopting:
-                adoption = Adoption(
-                    self.state,
-                    self.writer,
-                    self.transport,
-                    self.clock,
-                    run_id=self.admission.run_id,
-                    namespace=namespace,
-                    secret=key_config.secret_name,
-                    rng=self.rng,
-                )
-                self.reconciler.adopt = adoption.adopt
         versions = await self.rebuild()
         scheduler = self.config.binding_for
         if scheduler is not None:  # the waiters an earlier leader knew; room may be back
@@ -298,57 +248,14 @@ class Controller:
         spawn("resync", self._resync_forever())
         self.gates.start()
         if self._follow_watches:
-            self._follow(versions)
+            for feed in self.feeds:
+                restarted = self._restarted(feed.name)
+                watch = feed.follow(versions[feed.name], restarted=restarted, rng=self.rng)
+                spawn(f"watch-{feed.name}", watch)
         self._in_background(self.summaries.delete_orphans())
-        if adoption is not None:  # one-off (it retries until done), not a long-lived task
-            self._in_background(adoption.finish())
+        if self.adoption is not None and self.state.stamper.adopting:
+            self._in_background(self.adoption.finish())  # one-off: it retries until done
         self.ready.set()
-
-    def _follow(self, versions: ListVersions) -> None:
-        spawn = self.supervisor.spawn
-        spawn(
-            "watch-resourceslices",
-            self.slices.follow(versions.slices, restarted=self._restarted("resourceslices")),
-        )
-        spawn(
-            "watch-resourceclaims",
-            self.resource_claims.follow(
-                versions.resource_claims, restarted=self._restarted("resourceclaims")
-            ),
-        )
-        watches: list[tuple[str, str, str, Any, Any, str | None]] = [
-            # (name, path, from version, on event, relist, label selector)
-            ("reservations", RESERVATIONS, versions.reservations, self.on_reservation,
-             self.resync, None),
-            ("nodes", NODES, versions.nodes, self.nodes.on_node, self.nodes.relist, None),
-            ("headroomquotas", HEADROOM_QUOTAS, versions.quotas, self.quotas.on_quota,
-             self.quotas.relist_quotas, None),
-            ("namespaces", NAMESPACES, versions.namespaces, self.quotas.on_namespace,
-             self.quotas.relist_namespaces, None),
-            ("pods", PODS, versions.owner_pods, self.owners.on_pod, self.owners.relist,
-             OWNER_SELECTOR),
-            ("claims", PODS, versions.claims, self.gates.on_pod, self.gates.relist,
-             CLAIM_SELECTOR),
-        ]  # fmt: skip
-        if self.pod_requests is not None:
-            watches.append(
-                ("all-pods", PODS, versions.all_pods, self.pod_requests.on_pod,
-                 self.pod_requests.relist, None)
-            )  # fmt: skip
-        for name, path, version, on_event, relist, selector in watches:
-            spawn(
-                f"watch-{name}",
-                follow(
-                    self.transport,
-                    path,
-                    version,
-                    on_event,
-                    relist,
-                    label_selector=selector,
-                    rng=self.rng,
-                    restarted=self._restarted(name),
-                ),
-            )
 
     def _restarted(self, watch: str) -> Callable[[str], None]:
         """What a watch calls when it starts again (``headroom_watch_restarts_total``)."""
@@ -357,17 +264,12 @@ class Controller:
     async def stop(self) -> None:
         """Bounded: a write not confirmed now is written again after the next start."""
         await self.supervisor.stop()
-        for part in (
-            self.writer,
-            self.reclaimer,
-            self.lookups,
-            self.owners,
-            self.nodes,
-            self.gates,
-            self.room_waiters,
-            self.quotas,
-        ):
-            await part.stop()
+        await self.writer.stop()
+        await self.reclaimer.stop()
+        await self.lookups.stop()
+        await self.room_waiters.stop()
+        for feed in self.feeds:
+            await feed.stop()
         for task in list(self._background):
             task.cancel()
         if self._background:
@@ -390,59 +292,23 @@ class Controller:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _changed_capacity(self) -> None:
-        self.admission.wake()
-        self.gates.nodes_changed()
-        self.reclaimer.nearer_deadline()  # a shorter window brings deadlines nearer
-
     # -- rebuild and resync ------------------------------------------------------------------
 
-    async def rebuild(self) -> ListVersions:
-        """Rebuild the ledger; return where each watch starts (:class:`ListVersions`)."""
+    async def rebuild(self) -> dict[str, str | None]:
+        """Rebuild the ledger from every feed's list, in their order; where each watch starts
+        (None: the kind is not served yet, its watch waits for a resync's list)."""
         started = self.clock.monotonic()
-        nodes, node_version = await list_all(self.transport, NODES)
-        # Each node's GPU inventory, before any admission is restored or decided against it.
-        slice_version = await self.slices.take_listed()
-        # GPUs that DRA claims hold, likewise (tied to devices by their DRA names).
-        claims_version = await self.resource_claims.take_listed()
-        # Every quota and namespace: usage is rebuilt with the ledger, before any decision.
-        quota_version, namespace_version = await self.quotas.take_listed()
-        # What pods requested, before any admission is restored or decided against it.
-        all_pods = await self.pod_requests.relist() if self.pod_requests is not None else ""
-        pods, pod_version = await list_all(self.transport, PODS, label_selector=OWNER_SELECTOR)
-        reservations, version = await list_all(self.transport, RESERVATIONS)
-        claims, claim_version = await list_all(self.transport, PODS, label_selector=CLAIM_SELECTOR)
-        for node in nodes:
-            self.nodes.on_node(None, node, listed_at=started)
-        self.owners.take(pods, listed_at=started)  # nothing held yet: nothing to read back
-        self.reconciler.restoring()
-        try:
-            reservations.sort(key=lambda o: (o.get("metadata") or {}).get("creationTimestamp", ""))
-            for obj in reservations:
-                self.reconciler.reconcile(obj)
-        finally:
-            self.reconciler.restore_collected()
-        self.gates.take(claims, listed_at=started)  # acted on once the decider runs
+        versions = {feed.name: await feed.take_listed() for feed in self.feeds}
         self.state.dirty_nodes.update(self.state.node_uids)
         log.info(
             "ledger rebuilt in %.2fs: %d nodes, %d owner pods, %d reservations held, %d undecided",
             self.clock.monotonic() - started,
-            len(nodes),
-            len(pods),
+            len(self.state.node_uids),
+            len(self.state.pods),
             len(self.state.holders),
             len(self.admission),
         )
-        return ListVersions(
-            node_version,
-            pod_version,
-            version,
-            claim_version,
-            all_pods,
-            slice_version,
-            claims_version,
-            quota_version,
-            namespace_version,
-        )
+        return versions
 
     async def _resync_forever(self) -> None:
         period = self.config.resync_period.total_seconds()
@@ -452,65 +318,18 @@ class Controller:
         while True:
             await asyncio.sleep(delay)
             failed = False
-            steps = [
-                self.resync,
-                self.slices.resync,
-                self.resource_claims.resync,
-                self.quotas.resync,
-                self.nodes.relist,
-                self.owners.relist,
-                self.gates.relist,
-            ]
-            if self.pod_requests is not None:
-                steps.append(self.pod_requests.relist)
-            for step in (*steps, self._orphans):
+            steps = [(feed.name, feed.resync) for feed in self.feeds]
+            for name, step in (*steps, ("summaries", self.summaries.delete_orphans)):
                 try:
                     await step()
                 except (ApiError, ApiUnavailableError) as error:
                     failed = True
-                    log.warning("resync step %s failed: %s", step.__name__, error)
+                    log.warning("resync of %s failed: %s", name, error)
                 except Exception:
                     failed = True
-                    log.exception("resync step %s failed", step.__name__)
+                    log.exception("resync of %s failed", name)
             if failed:
                 delay = backoff.next()
             else:
                 backoff.reset()
                 delay = period
-
-    async def _orphans(self) -> None:
-        await self.summaries.delete_orphans()
-
-    async def resync(self) -> str:
-        """Reconcile every Reservation from a full list: the safety net for a missed watch
-        event, and the relist when the watch's version expired. Returns the list's version.
-
-        A record whose object is not in the list is forgotten (released); records made
-        after the list was asked for, and objects known gone since, are left alone: the
-        list cannot know them yet.
-        """
-        started = self.clock.monotonic()
-        reservations, version = await list_all(self.transport, RESERVATIONS)
-        present = {(o.get("metadata") or {}).get("uid") for o in reservations}
-        for uid, record in list(self.state.records.items()):
-            if uid not in present and record.seen_at < started:
-                log.warning(
-                    "resync: %s is gone but was still remembered",
-                    record.entry_id,
-                    extra=record.about,
-                )
-                self.reconciler.forget(uid)
-        for obj in reservations:
-            self.reconciler.reconcile(obj, listed_at=started)
-        self.state.prune_tombstones(self.clock.monotonic() - _TOMBSTONES_KEPT)
-        return version
-
-    # -- reservations ------------------------------------------------------------------------
-
-    def on_reservation(self, event_type: str | None, obj: JSON) -> None:
-        if event_type == DELETED:
-            uid = (obj.get("metadata") or {}).get("uid")
-            if uid:
-                self.reconciler.forget(uid)
-            return
-        self.reconciler.reconcile(obj)

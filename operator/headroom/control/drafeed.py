@@ -18,6 +18,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Collection
+from typing import ClassVar
 
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, ApiError, Transport, list_all
@@ -30,7 +31,10 @@ SEEN_KEPT = 600.0
 
 
 class DraFeed(abc.ABC):
-    """Lists and watches ``path``; read only when DRA ``drivers`` are configured."""
+    """Lists and watches ``path``; read only when DRA ``drivers`` are configured. A
+    :class:`headroom.control.feeds.Feed`."""
+
+    name: ClassVar[str]
 
     def __init__(
         self,
@@ -110,10 +114,15 @@ class DraFeed(abc.ABC):
         return version
 
     async def follow(
-        self, version: str | None, restarted: Callable[[str], None] = lambda reason: None
+        self,
+        version: str | None,
+        *,
+        restarted: Callable[[str], None] = lambda reason: None,
+        rng: random.Random | None = None,
     ) -> None:
         """Follow from ``version``; None: from the first resync whose list succeeds.
-        ``restarted``: told why each time the watch starts again (``kube.watch.follow``)."""
+        ``restarted``: told why each time the watch starts again (``kube.watch.follow``);
+        ``rng`` jitters its backoff (default: the feed's own)."""
         if version is None:
             await self._served.wait()
             version = self._version
@@ -123,6 +132,9 @@ class DraFeed(abc.ABC):
             version,
             self.on_event,
             self.relist,
-            rng=self._rng,
+            rng=rng or self._rng,
             restarted=restarted,
         )
+
+    async def stop(self) -> None:
+        return None

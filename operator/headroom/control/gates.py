@@ -70,6 +70,7 @@ from headroom.api.constants import OWNER_LABEL
 from headroom.api.parse import InvalidValueError
 from headroom.api.paths import PODS, pod_path, reservation_path, resource_path
 from headroom.api.reasons import EventReason, Phase, Reason
+from headroom.control.feeds import WatchedFeed
 from headroom.control.placement import choose_node
 from headroom.control.podactions import (
     BIND_GRACE,
@@ -127,7 +128,9 @@ def _followed(pod: JSON) -> bool:
     return is_claim_pod(pod) or is_gated(pod)
 
 
-class Gates(PodCalls):
+class Gates(PodCalls, WatchedFeed):
+    name, path, selector = "claims", PODS, CLAIM_SELECTOR
+
     def __init__(
         self,
         state: State,
@@ -186,7 +189,9 @@ class Gates(PodCalls):
             return False
         return record.held or record.decision.phase == Phase.QUEUED or known.book.waits
 
-    def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
+    def on_event(
+        self, event_type: str | None, obj: JSON, *, listed_at: float | None = None
+    ) -> None:
         meta = obj.get("metadata") or {}
         key = pod_key(obj)
         uid = str(meta.get("uid", ""))
@@ -221,7 +226,7 @@ class Gates(PodCalls):
         return version
 
     def take(self, pods: list[JSON], *, listed_at: float) -> None:
-        listed = deliver_listed(pods, self.on_pod, listed_at=listed_at)
+        listed = deliver_listed(pods, self.on_event, listed_at=listed_at)
         for key in [k for k, seen in self._pods.items() if k not in listed]:
             if self._pods[key].seen_at < listed_at:  # a watch may have seen it since
                 del self._pods[key]
@@ -357,7 +362,7 @@ class Gates(PodCalls):
             return True
         if pod is None or (pod.get("metadata") or {}).get("uid") != known.pod_uid:
             return False
-        self.on_pod(None, pod)
+        self.on_event(None, pod)
         return True
 
     def _record(self, known: Known | None, seen: ClaimPod) -> Record | None:

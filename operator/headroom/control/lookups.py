@@ -22,6 +22,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from headroom.api.paths import node_path, pod_path
+from headroom.control.feeds import OnEvent
 from headroom.control.state import State
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
@@ -47,11 +48,12 @@ class Lookups:
         transport: Transport,
         clock: Clock,
         *,
-        on_node: Callable[[JSON, float], None],
-        on_pod: Callable[[JSON, float], None],
+        on_node: OnEvent,
+        on_pod: OnEvent,
         wake: Callable[[], None],
         rng: random.Random,
     ) -> None:
+        """``on_node``/``on_pod``: the Node and owner-pod feeds, handed what a lookup found."""
         self._state, self._transport, self._clock, self._rng = state, transport, clock, rng
         self._on_node, self._on_pod, self._wake = on_node, on_pod, wake
         self._nodes_checked: dict[str, float] = {}  # node -> when the API said "not usable"
@@ -109,7 +111,7 @@ class Lookups:
         asked = self._clock.monotonic()
         found = await self._get(node_path(node))
         if found is not None:
-            self._on_node(found, asked)  # unless a watch event since is newer
+            self._on_node(None, found, listed_at=asked)  # unless a watch event since is newer
         if not self._state.ledger.knows(node):
             _remember(self._nodes_checked, node, self._clock.monotonic())
 
@@ -119,7 +121,7 @@ class Lookups:
         if found is None:
             answer = PodAnswer.MISSING
         elif is_owner_pod(found):
-            self._on_pod(found, asked)
+            self._on_pod(None, found, listed_at=asked)
             answer = PodAnswer.LABELLED
         else:
             answer = PodAnswer.UNLABELLED

@@ -24,6 +24,7 @@ from headroom.api.constants import HAMI_REGISTER_ANNOTATION
 from headroom.api.paths import NODES, node_path
 from headroom.api.reasons import EventReason
 from headroom.api.refs import ObjectRef
+from headroom.control.feeds import WatchedFeed
 from headroom.control.inventory import GpuInventories
 from headroom.control.state import State
 from headroom.control.tasks import BackgroundTasks
@@ -37,7 +38,9 @@ log = logging.getLogger(__name__)
 DELETED = "DELETED"
 
 
-class Nodes:
+class Nodes(WatchedFeed):
+    name, path = "nodes", NODES
+
     def __init__(
         self,
         state: State,
@@ -58,7 +61,9 @@ class Nodes:
         self._last: dict[str, tuple[JSON, NodeCapacity]] = {}
         self._tasks = BackgroundTasks()
 
-    def on_node(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
+    def on_event(
+        self, event_type: str | None, obj: JSON, *, listed_at: float | None = None
+    ) -> None:
         """A Node from the watch (``listed_at`` None) or from a snapshot taken at ``listed_at``."""
         try:
             self._apply(event_type, obj, listed_at)
@@ -137,7 +142,7 @@ class Nodes:
         listed = set()
         for node in nodes:
             listed.add((node.get("metadata") or {}).get("name"))
-            self.on_node(None, node, listed_at=started)
+            self.on_event(None, node, listed_at=started)
         for name in [n for n in self._state.node_uids if n not in listed]:
             if self._state.node_seen.get(name, float("-inf")) < started:
                 await self._read_back(name)
@@ -150,11 +155,11 @@ class Nodes:
             node = await self._transport.get(node_path(name))
         except ApiError as error:
             if error.not_found:
-                self.on_node(DELETED, {"metadata": {"name": name}}, listed_at=asked)
+                self.on_event(DELETED, {"metadata": {"name": name}}, listed_at=asked)
             return
         except ApiUnavailableError:
             return  # the next resync asks again
-        self.on_node(None, node, listed_at=asked)
+        self.on_event(None, node, listed_at=asked)
 
     async def stop(self) -> None:
         await self._tasks.stop()

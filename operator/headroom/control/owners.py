@@ -34,6 +34,7 @@ from headroom.api.constants import OWNER_LABEL
 from headroom.api.paths import PODS, pod_path
 from headroom.api.reasons import EventReason, Reason
 from headroom.api.refs import ObjectRef
+from headroom.control.feeds import WatchedFeed
 from headroom.control.state import POD, PodKey, Record, SeenPod, State, deliver_listed, pod_key
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
@@ -47,7 +48,11 @@ OWNER_SELECTOR = f"{OWNER_LABEL}=true"
 Key = PodKey
 
 
-class Owners:
+class Owners(WatchedFeed):
+    """Labelled owner pods: whose heartbeats keep reservations alive."""
+
+    name, path, selector = "pods", PODS, OWNER_SELECTOR
+
     def __init__(
         self,
         state: State,
@@ -70,7 +75,9 @@ class Owners:
             self._check, clock=clock, rng=rng, base=0.2, cap=10.0, name="owner pod"
         )
 
-    def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
+    def on_event(
+        self, event_type: str | None, obj: JSON, *, listed_at: float | None = None
+    ) -> None:
         """A labelled Pod from the watch (``listed_at`` None) or a snapshot from ``listed_at``."""
         self._take(event_type, obj, listed_at=listed_at, read=False)
 
@@ -168,7 +175,7 @@ class Owners:
 
     def take(self, pods: list[JSON], *, listed_at: float) -> None:
         """A list of labelled pods asked for at ``listed_at``; every owner it lacks is read."""
-        listed = deliver_listed(pods, self.on_pod, listed_at=listed_at)
+        listed = deliver_listed(pods, self.on_event, listed_at=listed_at)
         state = self._state
         for key in [k for k, seen in state.pods.items() if k not in listed]:
             if state.pods[key].seen_at < listed_at:

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Collection
 
 from headroom.api.paths import PODS
+from headroom.control.feeds import WatchedFeed
 from headroom.control.state import PodKey, State, pod_key
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, Transport
@@ -32,7 +33,11 @@ log = logging.getLogger(__name__)
 _PAGE = 500
 
 
-class PodRequestsFeed:
+class PodRequestsFeed(WatchedFeed):
+    """Every pod's memory requests and device-plugin GPUs, counted on its node."""
+
+    name, path = "all-pods", PODS
+
     def __init__(
         self,
         state: State,
@@ -49,7 +54,9 @@ class PodRequestsFeed:
         self._memory, self._gpu_resources = memory, tuple(gpu_resources)
         self._seen: dict[PodKey, float] = {}  # monotonic: when a watch or a list last said
 
-    def on_pod(self, event_type: str | None, obj: JSON, *, listed_at: float | None = None) -> None:
+    def on_event(
+        self, event_type: str | None, obj: JSON, *, listed_at: float | None = None
+    ) -> None:
         key = pod_key(obj)
         if listed_at is not None and self._seen.get(key, float("-inf")) >= listed_at:
             return  # a watch event since the list was asked for is newer
@@ -90,7 +97,7 @@ class PodRequestsFeed:
             page = await self._transport.list_page(PODS, limit=_PAGE, continue_token=token)
             for pod in page.get("items") or []:
                 listed.add(pod_key(pod))
-                self.on_pod(None, pod, listed_at=asked)
+                self.on_event(None, pod, listed_at=asked)
             metadata = page.get("metadata") or {}
             version = metadata.get("resourceVersion", version)
             token = metadata.get("continue")

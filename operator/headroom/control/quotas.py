@@ -31,6 +31,7 @@ from headroom.api.constants import API_VERSION
 from headroom.api.paths import HEADROOM_QUOTAS, NAMESPACES, namespace_path
 from headroom.api.reasons import EventReason
 from headroom.api.refs import ObjectRef
+from headroom.control.feeds import WatchedFeed
 from headroom.control.state import State
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
@@ -66,6 +67,11 @@ class QuotaFeed:
         self._warned: dict[str, str] = {}  # quota -> the problem last named in an Event
         self.quota_objects: dict[str, JSON] = {}  # name -> metadata (uid, generation)
         self._lookups: dict[str, asyncio.Task[None]] = {}
+        #: The two kinds it follows, namespaces first (their labels select the quotas).
+        self.feeds = (
+            NamespaceWatch(self, transport),
+            QuotaWatch(self, transport),
+        )
 
     # -- events ----------------------------------------------------------------------------
 
@@ -212,15 +218,6 @@ class QuotaFeed:
         for key in [k for k, at in self._seen.items() if at < old]:
             del self._seen[key]
 
-    async def take_listed(self) -> tuple[str, str]:
-        """At the rebuild, before any admission: every quota and namespace. The versions."""
-        started = self._clock.monotonic()
-        quotas, quota_version = await list_all(self._transport, HEADROOM_QUOTAS)
-        namespaces, namespace_version = await list_all(self._transport, NAMESPACES)
-        self._take(NAMESPACE, namespaces, started)
-        self._take(QUOTA, quotas, started)
-        return quota_version, namespace_version
-
     async def relist_quotas(self) -> str:
         started = self._clock.monotonic()
         quotas, version = await list_all(self._transport, HEADROOM_QUOTAS)
@@ -233,13 +230,46 @@ class QuotaFeed:
         self._take(NAMESPACE, namespaces, started)
         return version
 
-    async def resync(self) -> None:
-        await self.relist_namespaces()
-        await self.relist_quotas()
-
     async def stop(self) -> None:
         tasks = list(self._lookups.values())
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
+
+
+class NamespaceWatch(WatchedFeed):
+    """Namespaces (their labels select quotas), as a :class:`Feed` of a :class:`QuotaFeed`."""
+
+    name, path = "namespaces", NAMESPACES
+
+    def __init__(self, quotas: QuotaFeed, transport: Transport) -> None:
+        self._quotas, self._transport = quotas, transport
+
+    def on_event(
+        self, event_type: str | None, obj: JSON, *, listed_at: float | None = None
+    ) -> None:
+        self._quotas.on_namespace(event_type, obj, listed_at=listed_at)
+
+    async def relist(self) -> str:
+        return await self._quotas.relist_namespaces()
+
+
+class QuotaWatch(WatchedFeed):
+    """HeadroomQuotas, as a :class:`Feed` of a :class:`QuotaFeed` (which it stops)."""
+
+    name, path = "headroomquotas", HEADROOM_QUOTAS
+
+    def __init__(self, quotas: QuotaFeed, transport: Transport) -> None:
+        self._quotas, self._transport = quotas, transport
+
+    def on_event(
+        self, event_type: str | None, obj: JSON, *, listed_at: float | None = None
+    ) -> None:
+        self._quotas.on_quota(event_type, obj, listed_at=listed_at)
+
+    async def relist(self) -> str:
+        return await self._quotas.relist_quotas()
+
+    async def stop(self) -> None:
+        await self._quotas.stop()

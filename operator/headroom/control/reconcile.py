@@ -63,9 +63,12 @@ class Reconciler:
         on_reservation: Callable[[JSON], None] = lambda obj: None,
         on_forgotten: Callable[[str], None] = lambda uid: None,
         on_decided: Callable[[Record], None] = lambda record: None,
+        adopt: Callable[[Record], None] | None = None,
     ) -> None:
         """``on_reservation``/``on_forgotten``/``on_decided``: told of every Reservation
-        reconciled, forgotten, and every decision its object is seen to carry (pod gates)."""
+        reconciled, forgotten, and every decision its object is seen to carry (pod gates).
+        ``adopt``: stamps again a remembered status that an adopted decision key could
+        only verify with the key it replaces (``headroom.control.keys``)."""
         self._on_reservation, self._on_forgotten = on_reservation, on_forgotten
         self._on_decided = on_decided
         self._state, self._clock, self._config = state, clock, config
@@ -74,7 +77,7 @@ class Reconciler:
         self._distrusted: set[str] = set()
         self._restoring: list[tuple[Entry, Record]] | None = None
         self.adopted: list[Record] = []  # statuses kept under a new decision key
-        self.adopt: Callable[[Record], None] | None = None  # stamps one again, once started
+        self._adopt = adopt
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -112,8 +115,8 @@ class Reconciler:
         collected, self._restoring = self._restoring or [], None
         self._restore(collected)
         for record in self.adopted:
-            if self.adopt is not None and self._state.records.get(record.uid) is record:
-                self.adopt(record)
+            if self._adopt is not None and self._state.records.get(record.uid) is record:
+                self._adopt(record)
 
     # -- reconcile ---------------------------------------------------------------------------
 
@@ -161,10 +164,10 @@ class Reconciler:
             self._admission.submit(obj)
 
     def _adopt_later_or_now(self, record: Record) -> None:
-        if self._restoring is not None or self.adopt is None:
+        if self._restoring is not None or self._adopt is None:
             self.adopted.append(record)  # stamped once it is remembered
         elif self._state.records.get(record.uid) is record:
-            self.adopt(record)
+            self._adopt(record)
 
     def _wait_again(self, obj: JSON, record: Record) -> None:
         """A reservation that was waiting for room before a start: back in its node's queue,

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 
 class ResourceClaims(DraFeed):
+    name = "resourceclaims"
+
     def __init__(
         self,
         state: State,

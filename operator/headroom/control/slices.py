@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 
 class Slices(DraFeed):
+    name = "resourceslices"
+
     def __init__(
         self,
         state: State,

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 async def follow(
     transport: Transport,
     path: str,
-    resource_version: str,
+    resource_version: str | None,
     on_event: Callable[[str, JSON], None],
     relist: Callable[[], Awaitable[str]],
     *,
