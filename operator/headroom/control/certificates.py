@@ -36,6 +36,7 @@ from urllib.parse import quote
 from headroom.api.paths import resource_path
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
+from headroom.kube.retry import retry_call
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.objects.certificates import (
     Bundle,
@@ -116,17 +117,19 @@ class CertificateKeeper:
 
     async def run(self) -> None:
         """Forever: sync, then sleep a period (or back off after a failure)."""
+
+        def unsynced(error: Exception) -> bool:
+            # A bundle that cannot be issued from or loaded (a Secret edited by hand):
+            # said, and tried again, never a crash.
+            return isinstance(error, (ApiError, ApiUnavailableError, ValueError, ssl.SSLError))
+
+        def failed(error: Exception, delay: float) -> None:
+            log.warning("webhook certificate not synced (%s); again in %.1fs", error, delay)
+
         while True:
-            try:
-                await self.sync()
-                self._backoff.reset()
-                delay = self._period
-            except (ApiError, ApiUnavailableError, ValueError, ssl.SSLError) as error:
-                # A bundle that cannot be issued from or loaded (a Secret edited by hand):
-                # said, and tried again, never a crash.
-                delay = self._backoff.next()
-                log.warning("webhook certificate not synced (%s); again in %.1fs", error, delay)
-            await asyncio.sleep(delay)
+            await retry_call(self.sync, backoff=self._backoff, retry_on=unsynced, on_retry=failed)
+            self._backoff.reset()
+            await asyncio.sleep(self._period)
 
     async def sync(self) -> Bundle:
         """One pass: the Secret is current, its pair is served, its CAs are published."""

@@ -20,7 +20,8 @@ from headroom.control.state import Record, State
 from headroom.control.writer import StatusWriter
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
-from headroom.kube.transport import ApiError, ApiUnavailableError, Transport
+from headroom.kube.retry import api_failure, retry_call
+from headroom.kube.transport import ApiError, Transport
 from headroom.objects.stamp import ADOPTED_ANNOTATION, KEY_FIELD, DecisionKey
 
 log = logging.getLogger(__name__)
@@ -130,15 +131,16 @@ class Adoption:
             if not self._pending:
                 break
             await asyncio.sleep(0.5)
-        backoff = Backoff(base=0.5, cap=30.0, rng=self._rng)
-        while True:
-            try:
-                await mark_adopted(self._transport, self._namespace, self._secret)
-                break
-            except (ApiError, ApiUnavailableError) as error:
-                delay = backoff.next()
-                log.warning("adoption not marked on the Secret (%s); again in %.1fs", error, delay)
-                await asyncio.sleep(delay)
+
+        def failed(error: Exception, delay: float) -> None:
+            log.warning("adoption not marked on the Secret (%s); again in %.1fs", error, delay)
+
+        await retry_call(
+            lambda: mark_adopted(self._transport, self._namespace, self._secret),
+            backoff=Backoff(base=0.5, cap=30.0, rng=self._rng),
+            retry_on=api_failure,
+            on_retry=failed,
+        )
         self._state.stamper.adopting = False
         log.info("decision key adopted: every status it could not verify is stamped again")
 

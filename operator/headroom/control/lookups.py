@@ -26,7 +26,8 @@ from headroom.control.feeds import OnEvent
 from headroom.control.state import State
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
-from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
+from headroom.kube.retry import api_failure, retry_call
+from headroom.kube.transport import JSON, ApiError, Transport
 from headroom.objects.reservations import is_owner_pod
 
 log = logging.getLogger(__name__)
@@ -130,19 +131,24 @@ class Lookups:
 
     async def _get(self, path: str) -> JSON | None:
         """The object, or None if the API says it does not exist; retried until it answers."""
-        backoff = Backoff(base=0.2, cap=10.0, rng=self._rng)
-        while True:
+
+        async def get() -> JSON | None:
             try:
                 return await self._transport.get(path)
             except ApiError as error:
                 if error.not_found:
                     return None
-                failure: Exception = error
-            except ApiUnavailableError as error:
-                failure = error
-            delay = backoff.next()
-            log.warning("looking up %s failed (%s); again in %.1fs", path, failure, delay)
-            await asyncio.sleep(delay)
+                raise
+
+        def failed(error: Exception, delay: float) -> None:
+            log.warning("looking up %s failed (%s); again in %.1fs", path, error, delay)
+
+        return await retry_call(
+            get,
+            backoff=Backoff(base=0.2, cap=10.0, rng=self._rng),
+            retry_on=api_failure,  # a refusal too: the decider waits for this answer
+            on_retry=failed,
+        )
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())

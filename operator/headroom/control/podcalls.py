@@ -32,6 +32,7 @@ from headroom.control.telemetry import NoTelemetry, Telemetry
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
+from headroom.kube.retry import retry_call, transient
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
 from headroom.kube.workqueue import WorkQueue
 from headroom.objects.podreservations import (
@@ -339,21 +340,21 @@ class PodCalls:
 
     async def _call(self, call: Callable[[], Awaitable[JSON]]) -> JSON:
         """Retry what got no answer (or 429/5xx); an answer that says no is raised."""
-        backoff = Backoff(base=0.2, cap=10.0, rng=self._rng)
-        while True:
-            if not self._may_act():
+
+        async def attempt() -> JSON:
+            if not self._may_act():  # deposed meanwhile: not retried, the next leader acts
                 raise DeposedError
-            try:
-                return await call()
-            except ApiError as error:
-                if not error.retriable:
-                    raise
-                failure: Exception = error
-            except ApiUnavailableError as error:
-                failure = error
-            delay = backoff.next()
-            log.warning("gating call failed (%s); again in %.1fs", failure, delay)
-            await asyncio.sleep(delay)
+            return await call()
+
+        def failed(error: Exception, delay: float) -> None:
+            log.warning("gating call failed (%s); again in %.1fs", error, delay)
+
+        return await retry_call(
+            attempt,
+            backoff=Backoff(base=0.2, cap=10.0, rng=self._rng),
+            retry_on=transient,
+            on_retry=failed,
+        )
 
     async def _once(self, call: Callable[[], Awaitable[JSON]]) -> JSON:
         """One attempt, bounded in time; any failure is raised (the pod is tried again later)."""

@@ -36,7 +36,8 @@ from headroom.control.state import State
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
-from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
+from headroom.kube.retry import api_failure, retry_call
+from headroom.kube.transport import JSON, ApiError, Transport, list_all
 from headroom.objects.quotas import quota_rules
 
 log = logging.getLogger(__name__)
@@ -170,30 +171,33 @@ class QuotaFeed:
         return False
 
     async def _look_up(self, namespace: str) -> None:
-        backoff = Backoff(base=0.2, cap=5.0, rng=self._rng)
+        async def read() -> tuple[JSON, float]:
+            """The namespace, and when it was asked for (each attempt asks anew)."""
+            asked = self._clock.monotonic()
+            try:
+                return await self._transport.get(namespace_path(namespace)), asked
+            except ApiError as error:
+                if not error.not_found:
+                    raise
+                # Gone (or never there): it has no labels but its name.
+                return {"metadata": {"name": namespace, "labels": {}}}, asked
+
+        def failed(error: Exception, _: float) -> None:
+            log.warning("namespace %s not read (%s); retrying", namespace, error)
+
         try:
-            while True:
-                asked = self._clock.monotonic()
-                try:
-                    obj = await self._transport.get(namespace_path(namespace))
-                except ApiError as error:
-                    if not error.not_found:
-                        log.warning("namespace %s not read (%s); retrying", namespace, error)
-                        await asyncio.sleep(backoff.next())
-                        continue
-                    # Gone (or never there): it has no labels but its name.
-                    obj = {"metadata": {"name": namespace, "labels": {}}}
-                except ApiUnavailableError as error:
-                    log.warning("namespace %s not read (%s); retrying", namespace, error)
-                    await asyncio.sleep(backoff.next())
-                    continue
-                self.on_namespace(None, obj, listed_at=asked)
-                if not self._state.ledger.quotas.knows_namespace(namespace):
-                    # A watch event came in between and was newer: it has spoken already.
-                    self._state.ledger.quotas.set_namespace(
-                        namespace, {"kubernetes.io/metadata.name": namespace}
-                    )
-                return
+            obj, asked = await retry_call(
+                read,
+                backoff=Backoff(base=0.2, cap=5.0, rng=self._rng),
+                retry_on=api_failure,
+                on_retry=failed,
+            )
+            self.on_namespace(None, obj, listed_at=asked)
+            if not self._state.ledger.quotas.knows_namespace(namespace):
+                # A watch event came in between and was newer: it has spoken already.
+                self._state.ledger.quotas.set_namespace(
+                    namespace, {"kubernetes.io/metadata.name": namespace}
+                )
         finally:
             self._lookups.pop(namespace, None)
             self._wake()

@@ -44,6 +44,7 @@ from headroom.control.telemetry import Telemetry
 from headroom.control.writer import StatusWriter
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
+from headroom.kube.retry import retry_call, transient
 from headroom.kube.transport import ApiError, ApiUnavailableError, Transport
 from headroom.logs import about
 from headroom.objects.reservations import heartbeat_value
@@ -242,28 +243,33 @@ class Reclaimer:
             self._wake.set()
 
     async def _delete(self, namespace: str, name: str, uid: str) -> None:
-        backoff = Backoff(base=0.2, cap=10.0, rng=self._rng)
-        for _ in range(5):
+        async def delete() -> None:
             try:
                 await self._transport.delete(reservation_path(namespace, name), uid=uid)
-                self._on_gone(uid)  # not left to its DELETED event, which a relist may skip
-                return
             except ApiError as error:
-                if error.not_found or error.conflict:  # gone, or a namesake now
-                    self._on_gone(uid)
-                    return
-                if not error.retriable:
-                    log.warning(
-                        "reclaimed %s/%s not deleted: %s",
-                        namespace,
-                        name,
-                        error,
-                        extra=about(namespace, name, uid),
-                    )
-                    return
-            except ApiUnavailableError:
-                pass
-            await asyncio.sleep(backoff.next())
+                if not (error.not_found or error.conflict):  # 404/409: gone, or a namesake now
+                    raise
+            self._on_gone(uid)  # not left to its DELETED event, which a relist may skip
+
+        backoff = Backoff(base=0.2, cap=10.0, rng=self._rng)
+        try:
+            await retry_call(delete, backoff=backoff, retry_on=transient, attempts=5)
+            return
+        except ApiError as error:
+            if not transient(error):
+                log.warning(
+                    "reclaimed %s/%s not deleted: %s",
+                    namespace,
+                    name,
+                    error,
+                    extra=about(namespace, name, uid),
+                )
+                return
+        except ApiUnavailableError:
+            pass
+        # Five attempts failed. The last one waits out its delay too, as the loop this
+        # replaced did: the simulation's random draws and times stay what they were.
+        await asyncio.sleep(backoff.next())
         log.warning(
             "reclaimed %s/%s not deleted; the next start tries again",
             namespace,

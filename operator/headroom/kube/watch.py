@@ -23,13 +23,13 @@ the server closed it, as it does at its timeout; ``expired``: 410, relisted;
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
 
 from headroom.kube.backoff import Backoff
-from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport
+from headroom.kube.retry import api_failure, retry_call
+from headroom.kube.transport import JSON, ApiError, Transport
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,10 @@ async def follow(
     """Deliver every ADDED/MODIFIED/DELETED event after ``resource_version``, forever."""
     version: str | None = resource_version
     backoff = backoff or Backoff(base=0.5, cap=10.0, rng=rng)
-    while True:
+
+    async def one_stream() -> None:
+        """Watch until the stream ends; a 410 relists (no delay), anything else is raised."""
+        nonlocal version
         try:
             if version is None:
                 version = await relist()
@@ -59,21 +62,20 @@ async def follow(
             ):
                 version = _deliver(event, version, on_event)
                 backoff.reset()
-            restarted("ended")
-            continue  # the server ended the watch (its timeout): watch on from there
+            restarted("ended")  # the server ended the watch (its timeout): watch on from there
         except ApiError as error:  # an answer, or an ERROR event inside the stream
-            if error.gone:
-                log.info("watch of %s expired at resourceVersion %s; relisting", path, version)
-                version = None
-                restarted("expired")
-                continue
-            failure: Exception = error
-        except ApiUnavailableError as error:
-            failure = error
-        delay = backoff.next()
+            if not error.gone:
+                raise
+            log.info("watch of %s expired at resourceVersion %s; relisting", path, version)
+            version = None
+            restarted("expired")
+
+    def broke(error: Exception, delay: float) -> None:
         restarted("failed")
-        log.warning("watch of %s broke (%s); again in %.1fs", path, failure, delay)
-        await asyncio.sleep(delay)
+        log.warning("watch of %s broke (%s); again in %.1fs", path, error, delay)
+
+    while True:  # from the last version seen; the backoff starts over at each event
+        await retry_call(one_stream, backoff=backoff, retry_on=api_failure, on_retry=broke)
 
 
 def _deliver(event: JSON, version: str, on_event: Callable[[str, JSON], None]) -> str:
