@@ -48,7 +48,7 @@ from headroom.objects.reservations import (
     reservation_id,
     spec_targets,
 )
-from headroom.objects.status import Decision
+from headroom.objects.status import StatusDecision
 
 log = logging.getLogger(__name__)
 _NOT_LEADER_PAUSE = 0.1
@@ -357,7 +357,7 @@ class Admission:
     ) -> None:
         """A waiting reservation's final decision: a new decision, written like any other."""
         decision_id = f"{self.run_id}-{next(self._decisions)}"
-        decision = Decision(
+        decision = StatusDecision(
             phase=phase,
             reason=reason,
             message=message[:1024],
@@ -392,7 +392,7 @@ class Admission:
         decision_id = f"{self.run_id}-{next(self._decisions)}"
         generation = pending.obj["metadata"].get("generation")
         admitted = entry is not None and phase == Phase.ADMITTED
-        decision = Decision(
+        decision = StatusDecision(
             phase=phase,
             reason=reason,
             message=message,

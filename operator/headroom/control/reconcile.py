@@ -41,8 +41,8 @@ from headroom.objects.reservations import (
     reservation_entry,
     spec_targets,
 )
-from headroom.objects.stamp import Verdict
-from headroom.objects.status import Decision, decision_of, reservation_ref
+from headroom.objects.stamp import StampVerdict
+from headroom.objects.status import StatusDecision, decision_of, reservation_ref
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class Reconciler:
         decision = decision_of(status, self._decided_at(status)) if phase else None
         if phase in (Phase.ADMITTED, Phase.REJECTED):
             verdict = self._state.stamper.verdict(obj)
-            if verdict is Verdict.UNTRUSTED or decision is None:
+            if verdict is StampVerdict.UNTRUSTED or decision is None:
                 self._distrust(obj, uid)
                 self._admission.submit(obj)
                 return
@@ -144,11 +144,11 @@ class Reconciler:
                 self._restore_admitted(obj, record)
             else:
                 self._state.remember(record)
-            if verdict is Verdict.ADOPT:
+            if verdict is StampVerdict.ADOPT:
                 self._adopt_later_or_now(record)
         elif phase == Phase.QUEUED:
             verdict = self._state.stamper.verdict(obj)
-            if verdict is Verdict.UNTRUSTED or decision is None:
+            if verdict is StampVerdict.UNTRUSTED or decision is None:
                 self._distrust(obj, uid)
                 self._admission.submit(obj)
                 return
@@ -244,7 +244,7 @@ class Reconciler:
                     "Warning",
                 )
 
-    def _record_of(self, obj: JSON, decision: Decision) -> Record:
+    def _record_of(self, obj: JSON, decision: StatusDecision) -> Record:
         meta = obj["metadata"]
         try:
             beat = heartbeat_value(obj)
