@@ -45,7 +45,7 @@ from headroom.ledger.decisions import (
 from headroom.ledger.entry import Entry
 from headroom.ledger.external import ClaimKey, DraClaim, ExternalHoldings
 from headroom.ledger.node import NodeState
-from headroom.ledger.pods import PodKey, PodRequests
+from headroom.ledger.podrequests import PodKey, PodRequests
 from headroom.ledger.queue import Waiting, WaitQueues
 from headroom.ledger.quotas import Quotas, namespace_of
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
@@ -77,7 +77,7 @@ class Ledger:
             state.pod_requests_mb = self.pods.on(name)
         return state
 
-    # -- pods placed by the scheduler (headroom.ledger.pods) ------------------------------
+    # -- pods placed by the scheduler (headroom.ledger.podrequests) ------------------------
 
     def set_pod_request(self, key: PodKey, node: str, request_mb: int) -> set[str]:
         """A pod bound to ``node`` requests ``request_mb``; the nodes whose limit moved."""
