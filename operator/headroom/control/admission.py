@@ -411,7 +411,7 @@ class Admission:
         except InvalidValueError:
             beat = None
         beats: dict[str, str | None] = {RESERVATION: beat}
-        seen = self._state.pods.get((pending.namespace, pod)) if pod is not None else None
+        seen = self._state.owner_pods.get((pending.namespace, pod)) if pod is not None else None
         owner_uid = owning_pod_uid(pending.obj)  # a gated pod's: exactly its incarnation
         if seen is not None and owner_uid is not None and seen.uid != owner_uid:
             seen = None  # an earlier pod of that name, not yet known gone: not its owner

@@ -106,7 +106,7 @@ class PodRequestsFeed:
         ledger = self._state.ledger
         log.info(
             "pods' memory requests: %d bound pods; %d holding device-plugin GPUs",
-            len(ledger.pods),
+            len(ledger.pod_requests),
             ledger.external.pods_with_gpus(),
         )
         return str(version)

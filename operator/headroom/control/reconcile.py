@@ -207,7 +207,7 @@ class Reconciler:
         if entry.expires_at is None and record.decision.expires_at is not None:
             entry.expires_at = entry.given_expiry = record.decision.expires_at  # stamped too
         if record.pod:
-            seen = self._state.pods.get((record.namespace, record.pod))
+            seen = self._state.owner_pods.get((record.namespace, record.pod))
             owner_uid = owning_pod_uid(obj)  # a gated pod's: exactly its incarnation
             if seen is not None and owner_uid is not None and seen.uid != owner_uid:
                 seen = None  # an earlier pod of that name, not yet known gone
@@ -231,7 +231,7 @@ class Reconciler:
         result = state.ledger.restore([entry for entry, _ in fresh])
         for _, record in fresh:
             state.remember(record)
-            if record.pod and (record.namespace, record.pod) not in state.pods:
+            if record.pod and (record.namespace, record.pod) not in state.owner_pods:
                 self._check_owner((record.namespace, record.pod))
         for entry in result.over_committed:
             over = state.held_record(entry.id)

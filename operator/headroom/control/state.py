@@ -111,7 +111,7 @@ class State:
         self.records: dict[str, Record] = {}  # uid -> record
         self.holders: dict[str, str] = {}  # ledger entry id -> uid of the incarnation held
         self.forgotten: dict[str, float] = {}  # uid -> when its object was known gone
-        self.pods: dict[PodKey, SeenPod] = {}  # labelled pods
+        self.owner_pods: dict[PodKey, SeenPod] = {}  # labelled pods that own reservations
         self.owned: dict[PodKey, set[str]] = {}  # owner pod -> uids it holds
         self.node_uids: dict[str, str] = {}
         self.node_labels: dict[str, dict[str, str]] = {}  # copied onto its NodeHeadroom
