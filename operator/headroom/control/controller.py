@@ -36,7 +36,7 @@ from headroom.control.lookups import Lookups
 from headroom.control.nodes import Nodes
 from headroom.control.owners import OWNER_SELECTOR, Owners
 from headroom.control.podrequests import PodRequestsFeed
-from headroom.control.quotas import QuotaFeed
+from headroom.control.quotafeed import QuotaFeed
 from headroom.control.quotastatus import QuotaStatuses
 from headroom.control.reclaim import Reclaimer
 from headroom.control.reconcile import Reconciler
