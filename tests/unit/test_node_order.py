@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from headroom.ledger.nodeorder import NodeFigures, best_first, to_try
+from dataclasses import dataclass
+
+from headroom.ledger.nodeorder import best_first, to_try
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFigures:
+    """A node's room (``nodeorder.Room``) from plain figures."""
+
+    node: str
+    allocatable_ram_mb: int
+    free_vram_mb: int | None = None
 
 
 def names(rooms: list[NodeFigures]) -> list[str]:

@@ -29,7 +29,6 @@ easier to predict.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 #: The rule, in a few words, for messages.
@@ -48,15 +47,6 @@ class Room(Protocol):
     #: VRAM the node may still admit; None where it is unknown (or not limited).
     @property
     def free_vram_mb(self) -> int | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class NodeFigures:
-    """A :class:`Room` from plain figures."""
-
-    node: str
-    allocatable_ram_mb: int
-    free_vram_mb: int | None = None
 
 
 R = TypeVar("R", bound=Room)
