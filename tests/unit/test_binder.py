@@ -28,7 +28,7 @@ from headroom.control.podcalls import PodCalls
 from headroom.control.state import PodKey, Record, State
 from headroom.kube.transport import JSON, ApiError
 from headroom.objects.podreservations import Booked
-from headroom.objects.status import Decision
+from headroom.objects.status import StatusDecision
 
 NOW = datetime(2026, 12, 6, tzinfo=UTC)
 KEY = ("team", "p")
@@ -115,7 +115,7 @@ class FakeGates:
         self.known = Known(uid, pod["metadata"]["uid"], book)
         phase, reason = self.decide(node)
         self.record = Record(
-            uid, "team", "p", node, Decision(phase, reason, f"{reason} on {node}", NOW)
+            uid, "team", "p", node, StatusDecision(phase, reason, f"{reason} on {node}", NOW)
         )
         return True
 
@@ -151,7 +151,7 @@ def bind(gates: FakeGates, node: str = "n1", uid: str = "u1") -> str:
 def admitted(node: str, uid: str = "r0", *, ram: int = 4096, pod_uid: str = "u1") -> FakeGates:
     gates = FakeGates(pod())
     gates.known = Known(uid, pod_uid, Booked(node, ram, None, None, "p", "Pod"))
-    decision = Decision(Phase.ADMITTED, Reason.FITS, "ok", NOW)
+    decision = StatusDecision(Phase.ADMITTED, Reason.FITS, "ok", NOW)
     gates.record = Record(uid, "team", "p", node, decision, confirmed=True)
     return gates
 

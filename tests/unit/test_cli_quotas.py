@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from headroom.cli import kubectl_main, readers
-from headroom.cli import quotas as q
+from headroom.cli import quotaview as q
 from headroom.client import Connection, calls
 from headroom.client.placement import assess
 from tests.unit.test_client_pure import headroom

@@ -17,15 +17,15 @@ from hypothesis import strategies as st
 from headroom.api.models import ReservationStatus
 from headroom.api.reasons import Phase, Reason
 from headroom.objects.stamp import Stamper
-from headroom.objects.status import Decision, decision_of, recorded_devices, status_body
+from headroom.objects.status import StatusDecision, decision_of, recorded_devices, status_body
 
 AT = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 A = "GPU-aabbccdd-0000-1111-2222-333344445555"
 B = "MIG-bbccddee-0000-1111-2222-333344445555"
 
 
-def admitted(devices: dict[str, int]) -> Decision:
-    return Decision(Phase.ADMITTED, Reason.FITS, "fits", AT, "run-1", devices=devices)
+def admitted(devices: dict[str, int]) -> StatusDecision:
+    return StatusDecision(Phase.ADMITTED, Reason.FITS, "fits", AT, "run-1", devices=devices)
 
 
 def test_the_devices_round_trip_through_the_status() -> None:
@@ -39,7 +39,7 @@ def test_the_devices_round_trip_through_the_status() -> None:
 
 def test_no_devices_no_field() -> None:
     assert "devices" not in status_body(admitted({}))
-    rejected = Decision(Phase.REJECTED, Reason.INSUFFICIENT_VRAM, "no", AT, "run-2")
+    rejected = StatusDecision(Phase.REJECTED, Reason.INSUFFICIENT_VRAM, "no", AT, "run-2")
     assert "devices" not in status_body(rejected)
 
 

@@ -13,7 +13,7 @@ from headroom.api.selectors import LabelSelector
 from headroom.control.extender import MAX_SCORE, filter_nodes, prioritize, queue_node
 from headroom.control.state import Record, State
 from headroom.ledger.quotas import QuotaRules
-from headroom.objects.status import Decision
+from headroom.objects.status import StatusDecision
 from tests.unit.test_core_admission import T0, entry
 
 GIB = 1024
@@ -87,7 +87,7 @@ def test_a_pod_holding_an_admission_is_bound_there_else_offered_other_nodes() ->
     duplicate of its entry."""
     state = nodes(a=64, b=64, c=2)
     assert state.ledger.reserve(entry("ml/p", 4 * GIB, node="a"), T0).admitted
-    decision = Decision(Phase.ADMITTED, Reason.FITS, "", T0)
+    decision = StatusDecision(Phase.ADMITTED, Reason.FITS, "", T0)
     own = Record("r1", "ml", "p", "a", decision, confirmed=True)
     found = filter_nodes(state, pod("4Gi"), ["a", "b"], T0, own=own)
     assert found.nodes == ["a"]
@@ -99,7 +99,7 @@ def test_a_pod_holding_an_admission_is_bound_there_else_offered_other_nodes() ->
 
 def test_a_pod_waiting_in_a_nodes_queue_is_let_go_there_in_its_turn_only() -> None:
     state = nodes(a=64, b=64)
-    decision = Decision(Phase.QUEUED, Reason.INSUFFICIENT_RAM, "", T0, position=2)
+    decision = StatusDecision(Phase.QUEUED, Reason.INSUFFICIENT_RAM, "", T0, position=2)
     own = Record("r1", "ml", "p", "a", decision, confirmed=True)
     found = filter_nodes(state, pod("4Gi"), ["a", "b"], T0, own=own)
     assert found.nodes == ["b"]
@@ -173,7 +173,7 @@ def test_a_pod_whose_own_wait_ran_out_in_the_queue_is_refused_everywhere() -> No
     state = nodes(big=64)
     waited = pod("4Gi")
     waited["metadata"]["annotations"]["headroom.dev/wait"] = "1m"
-    decision = Decision(Phase.REJECTED, Reason.WAIT_TIMEOUT, "waited 1m", T0)
+    decision = StatusDecision(Phase.REJECTED, Reason.WAIT_TIMEOUT, "waited 1m", T0)
     own = Record("r1", "ml", "p", "big", decision, confirmed=True)
     found = filter_nodes(state, waited, ["big"], T0, own=own)
     assert (found.nodes, found.refused) == ([], {"big": "headroom: WaitTimeout"})

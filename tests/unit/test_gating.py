@@ -19,7 +19,7 @@ from headroom.api.constants import (
     VRAM_ANNOTATION,
     WAIT_ANNOTATION,
 )
-from headroom.objects.gating import ReviewError, Verdict, gate_pod, review_response
+from headroom.objects.gating import GateVerdict, ReviewError, gate_pod, review_response
 from headroom_dev.sim.fakeapi.jsonvalue import apply_json_patch
 
 GATE = {"name": SCHEDULING_GATE}
@@ -80,7 +80,7 @@ def test_other_gates_are_kept_and_ours_is_not_added_twice() -> None:
     other = pod(spec={"containers": [], "schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]})
     gated = apply(gate_pod(other).patch, other)
     assert gated["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/admission"}, GATE]
-    assert gate_pod(gated) == Verdict(True)
+    assert gate_pod(gated) == GateVerdict(True)
 
 
 def test_an_empty_or_null_gate_list_is_replaced() -> None:
@@ -91,7 +91,7 @@ def test_an_empty_or_null_gate_list_is_replaced() -> None:
 
 @pytest.mark.parametrize("label", [None, "false", "True", "yes", ""])
 def test_a_pod_that_did_not_opt_in_is_left_alone(label: str | None) -> None:
-    assert gate_pod(pod({RAM_ANNOTATION: "lots"}, label=label)) == Verdict(True)
+    assert gate_pod(pod({RAM_ANNOTATION: "lots"}, label=label)) == GateVerdict(True)
 
 
 @pytest.mark.parametrize(
@@ -213,7 +213,7 @@ def test_any_pod_shape_gets_a_verdict(metadata: dict[str, Any], spec: Any) -> No
     labelled = {**metadata, "labels": {CLAIM_LABEL: "true"}}
     for meta in (metadata, labelled):
         verdict = gate_pod({"metadata": meta, "spec": spec})
-        assert isinstance(verdict, Verdict)
+        assert isinstance(verdict, GateVerdict)
         assert verdict.allowed or verdict.message
 
 

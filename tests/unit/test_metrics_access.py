@@ -15,8 +15,8 @@ from headroom.kube.transport import JSON, ApiError, ApiUnavailableError
 from headroom.objects.access import (
     ACCESS_REVIEW,
     TOKEN_REVIEW,
+    AccessVerdict,
     User,
-    Verdict,
     VerdictCache,
     access_allowed,
     access_review,
@@ -93,14 +93,14 @@ def test_access_is_allowed_only_when_allowed_and_not_denied() -> None:
 
 def test_the_cache_keeps_grants_longer_than_refusals() -> None:
     cache = VerdictCache(allowed_ttl=60, refused_ttl=10)
-    cache.put("granted", Verdict.ALLOWED, now=0)
-    cache.put("refused", Verdict.FORBIDDEN, now=0)
-    cache.put("unknown", Verdict.UNAUTHENTICATED, now=0)
-    assert cache.get("granted", 9.9) is Verdict.ALLOWED
-    assert cache.get("refused", 9.9) is Verdict.FORBIDDEN
+    cache.put("granted", AccessVerdict.ALLOWED, now=0)
+    cache.put("refused", AccessVerdict.FORBIDDEN, now=0)
+    cache.put("unknown", AccessVerdict.UNAUTHENTICATED, now=0)
+    assert cache.get("granted", 9.9) is AccessVerdict.ALLOWED
+    assert cache.get("refused", 9.9) is AccessVerdict.FORBIDDEN
     assert cache.get("unknown", 10) is None
     assert cache.get("refused", 10) is None
-    assert cache.get("granted", 59.9) is Verdict.ALLOWED
+    assert cache.get("granted", 59.9) is AccessVerdict.ALLOWED
     assert cache.get("granted", 60) is None
     assert len(cache) == 0  # expired entries are dropped when met
 
@@ -108,14 +108,18 @@ def test_the_cache_keeps_grants_longer_than_refusals() -> None:
 def test_the_cache_is_bounded_and_evicts_the_least_recently_used() -> None:
     cache = VerdictCache(size=3)
     for key in "abc":
-        cache.put(key, Verdict.ALLOWED, now=0)
-    assert cache.get("a", 1) is Verdict.ALLOWED  # a is now the most recent
-    cache.put("d", Verdict.FORBIDDEN, now=1)
+        cache.put(key, AccessVerdict.ALLOWED, now=0)
+    assert cache.get("a", 1) is AccessVerdict.ALLOWED  # a is now the most recent
+    cache.put("d", AccessVerdict.FORBIDDEN, now=1)
     assert len(cache) == 3
     assert cache.get("b", 1) is None
-    assert [cache.get(k, 1) for k in "acd"] == [Verdict.ALLOWED, Verdict.ALLOWED, Verdict.FORBIDDEN]
+    assert [cache.get(k, 1) for k in "acd"] == [
+        AccessVerdict.ALLOWED,
+        AccessVerdict.ALLOWED,
+        AccessVerdict.FORBIDDEN,
+    ]
     for i in range(10_000):
-        cache.put(str(i), Verdict.UNAUTHENTICATED, now=2)
+        cache.put(str(i), AccessVerdict.UNAUTHENTICATED, now=2)
     assert len(cache) == 3
     with pytest.raises(ValueError, match="size"):
         VerdictCache(size=0)
@@ -164,28 +168,28 @@ async def test_the_reviewer_answers_401_403_200_and_caches_each() -> None:
     api = Reviews({"t-prom": "prometheus", "t-other": "other"}, readers={"prometheus"})
     clock = Clock()
     reviewer = AccessReviewer(api, clock)  # type: ignore[arg-type]
-    assert await reviewer.verdict(None, "/metrics") is Verdict.UNAUTHENTICATED
-    assert await reviewer.verdict("Basic x", "/metrics") is Verdict.UNAUTHENTICATED
+    assert await reviewer.verdict(None, "/metrics") is AccessVerdict.UNAUTHENTICATED
+    assert await reviewer.verdict("Basic x", "/metrics") is AccessVerdict.UNAUTHENTICATED
     assert api.calls == []  # no token: no call at all
-    assert await reviewer.verdict("Bearer nobody", "/metrics") is Verdict.UNAUTHENTICATED
-    assert await reviewer.verdict("Bearer t-other", "/metrics") is Verdict.FORBIDDEN
-    assert await reviewer.verdict("Bearer t-prom", "/metrics") is Verdict.ALLOWED
+    assert await reviewer.verdict("Bearer nobody", "/metrics") is AccessVerdict.UNAUTHENTICATED
+    assert await reviewer.verdict("Bearer t-other", "/metrics") is AccessVerdict.FORBIDDEN
+    assert await reviewer.verdict("Bearer t-prom", "/metrics") is AccessVerdict.ALLOWED
     assert api.calls == [TOKEN_REVIEW, TOKEN_REVIEW, ACCESS_REVIEW, TOKEN_REVIEW, ACCESS_REVIEW]
     api.calls.clear()
     clock.seconds = 9
     for _ in range(5):  # a scrape every few seconds: answered from the cache
-        assert await reviewer.verdict("Bearer t-prom", "/metrics") is Verdict.ALLOWED
-        assert await reviewer.verdict("Bearer t-other", "/metrics") is Verdict.FORBIDDEN
+        assert await reviewer.verdict("Bearer t-prom", "/metrics") is AccessVerdict.ALLOWED
+        assert await reviewer.verdict("Bearer t-other", "/metrics") is AccessVerdict.FORBIDDEN
     assert api.calls == []
     api.readers.add("other")  # a binding made: the refusal expires within 10 s
     clock.seconds = 10
-    assert await reviewer.verdict("Bearer t-other", "/metrics") is Verdict.ALLOWED
+    assert await reviewer.verdict("Bearer t-other", "/metrics") is AccessVerdict.ALLOWED
     assert api.calls == [TOKEN_REVIEW, ACCESS_REVIEW]
     api.readers.clear()  # a binding removed: a grant lasts at most a minute
     clock.seconds = 59
-    assert await reviewer.verdict("Bearer t-prom", "/metrics") is Verdict.ALLOWED
+    assert await reviewer.verdict("Bearer t-prom", "/metrics") is AccessVerdict.ALLOWED
     clock.seconds = 60
-    assert await reviewer.verdict("Bearer t-prom", "/metrics") is Verdict.FORBIDDEN
+    assert await reviewer.verdict("Bearer t-prom", "/metrics") is AccessVerdict.FORBIDDEN
 
 
 @pytest.mark.parametrize(
@@ -200,4 +204,4 @@ async def test_an_unanswered_review_is_unavailable_and_not_cached(failure: Excep
         await reviewer.verdict("Bearer t-prom", "/metrics")
     assert len(reviewer.cache) == 0
     api.failure = None
-    assert await reviewer.verdict("Bearer t-prom", "/metrics") is Verdict.ALLOWED
+    assert await reviewer.verdict("Bearer t-prom", "/metrics") is AccessVerdict.ALLOWED

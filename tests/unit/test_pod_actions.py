@@ -43,7 +43,7 @@ from headroom.control.state import Record
 from headroom.objects.nodeconstraints import NodeFacts
 from headroom.objects.podreservations import Booked
 from headroom.objects.pods import CONDITION, JSON, pinned_to
-from headroom.objects.status import Decision
+from headroom.objects.status import StatusDecision
 
 NOW = 1000.0  # monotonic
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -118,7 +118,9 @@ def known(
 def record(
     phase: Phase, reason: Reason, *, confirmed: bool = True, message: str = "because"
 ) -> Record:
-    decision = Decision(phase, reason, message, AT, position=2 if phase == Phase.QUEUED else None)
+    decision = StatusDecision(
+        phase, reason, message, AT, position=2 if phase == Phase.QUEUED else None
+    )
     return Record(
         RES_UID, "ml", NAME, NODE, decision, pod=NAME, pod_uid=POD_UID, confirmed=confirmed
     )

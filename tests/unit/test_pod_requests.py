@@ -1,4 +1,4 @@
-"""Memory the scheduler gave away (``headroom.ledger.pods``) and what it does to the limit."""
+"""Memory the scheduler gave away (``ledger.podrequests``) and what it does to the limit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import Entry, Ledger, Owner
-from headroom.ledger.pods import PodRequests
+from headroom.ledger.podrequests import PodRequests
 from headroom.objects.podmemory import memory_request_mb
 
 T0 = datetime(2026, 12, 4, tzinfo=UTC)

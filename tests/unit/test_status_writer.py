@@ -20,7 +20,7 @@ from headroom.control.state import Record, State
 from headroom.control.telemetry import NoTelemetry
 from headroom.control.writer import StatusWriter
 from headroom.kube.transport import JSON
-from headroom.objects.status import Decision
+from headroom.objects.status import StatusDecision
 from headroom_dev.sim.loop import VirtualClock, run_virtual
 
 AT = datetime(2026, 12, 6, tzinfo=UTC)
@@ -41,7 +41,9 @@ class Recorded:
 def test_a_decision_changed_as_its_previous_write_is_confirmed_is_written_too() -> None:
     async def scenario() -> None:
         state = State(Limits())
-        queued = Decision(Phase.QUEUED, Reason.INSUFFICIENT_RAM, "waits", AT, decision_id="d1")
+        queued = StatusDecision(
+            Phase.QUEUED, Reason.INSUFFICIENT_RAM, "waits", AT, decision_id="d1"
+        )
         record = Record("uid-1", "ml", "r", "n1", queued)
         state.records[record.uid] = record
         transport = Recorded()
@@ -50,7 +52,7 @@ def test_a_decision_changed_as_its_previous_write_is_confirmed_is_written_too() 
         def admit_in_the_moment_after(confirmed: Record) -> None:
             # The admission's next turn comes before the write's task has ended.
             def admit() -> None:
-                record.decision = Decision(
+                record.decision = StatusDecision(
                     Phase.ADMITTED, Reason.FITS, "fits", AT, decision_id="d2"
                 )
                 record.confirmed = False

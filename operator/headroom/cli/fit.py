@@ -14,7 +14,7 @@ When some listed node has devices, the table has a FREE-DEVICE column: the most 
 free on one device (``unlimited`` under a VRAM overcommit ratio of 0).
 
 The HeadroomQuotas that govern the namespace (``-n``, else the context's) count too
-(``headroom.cli.quotas``): a node outside a quota's ``nodeSelector`` is not listed, and
+(``headroom.cli.quotaview``): a node outside a quota's ``nodeSelector`` is not listed, and
 when a quota has too little room left for the claim on any node, ``fit`` says that the
 quota, not the nodes, refuses, in the operator's words, and exits 1 as when no node fits.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from headroom.cli import arguments, quotas, readers
+from headroom.cli import arguments, quotaview, readers
 from headroom.cli.exits import CommandError, Exit, UsageError
 from headroom.cli.output import emit, table
 from headroom.client import placement
@@ -105,14 +105,14 @@ def command(args: argparse.Namespace) -> int:
         raise CommandError(Exit.UNREACHABLE, str(error)) from None
     rooms = placement.rank(headrooms, size.ram_mb, size.vram_mb, size.gpus)
     namespace = cluster.namespace
-    governing = quotas.governing(quotas.read(cluster, "quotas not checked") or [], namespace)
+    governing = quotaview.governing(quotaview.read(cluster, "quotas not checked") or [], namespace)
     labels = {h["metadata"]["name"]: h["metadata"].get("labels") or {} for h in headrooms}
-    rooms = [quotas.within(r, governing, namespace, labels.get(r.node, {})) for r in rooms]
+    rooms = [quotaview.within(r, governing, namespace, labels.get(r.node, {})) for r in rooms]
     fitting = [room for room in rooms if room.fits]
     refusals = [
         why
         for quota in governing
-        if (why := quotas.refusal(quota, namespace, size.ram_mb, size.vram_mb)) is not None
+        if (why := quotaview.refusal(quota, namespace, size.ram_mb, size.vram_mb)) is not None
     ]
     if refusals or not fitting:
         raise CommandError(Exit.REFUSED, refused(refusals, rooms, size, args.selector))

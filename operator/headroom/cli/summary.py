@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from headroom.cli import quotas, readers
+from headroom.cli import quotaview, readers
 from headroom.cli.exits import CommandError, Exit, describe_api_error, is_forbidden
 from headroom.cli.output import emit, table
 from headroom.client.placement import NODEHEADROOM_GRANT
@@ -130,7 +130,7 @@ def command(args: argparse.Namespace) -> int:
             warnings.append(f"reservations not readable ({describe_api_error(inner)})")
     if headrooms is None and reservations is None:
         raise CommandError(Exit.UNREACHABLE, "; ".join(warnings))
-    readable = quotas.read(cluster, "quotas not shown", warnings.append)
+    readable = quotaview.read(cluster, "quotas not shown", warnings.append)
     data = {"scope": scope, **summarize(headrooms, reservations)}
     if scope == "namespace":
         data["namespace"] = cluster.namespace
@@ -139,6 +139,6 @@ def command(args: argparse.Namespace) -> int:
         print(f"Warning: {warning}", file=sys.stderr)
     text = table(["FIELD", "VALUE"], rows(data))
     if readable:
-        text += "\n\n" + table(quotas.HEADERS, quotas.rows(readable))
+        text += "\n\n" + table(quotaview.HEADERS, quotaview.rows(readable))
     emit(data, text, args.output)
     return Exit.DONE

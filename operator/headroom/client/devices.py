@@ -6,9 +6,9 @@ GPUs although 150 GiB < 160 GiB. The operator decides per device (a claim of
 ``ceil(vramMB / gpus)``, free on each) and says so twice: in an admitted
 Reservation's ``status.devices`` (which devices, how many MiB on each) and in a
 NodeHeadroom's ``status.devices`` (each device's free MiB). This module reads
-both for the claim library and the command line, which may not import the
-operator's ledger: the share is restated here, one line, and a unit test holds
-it to the ledger's.
+both for the claim library and the command line, which import of the operator's
+ledger only its node order (``headroom.ledger.nodeorder``): the share is restated
+here, one line, and a unit test holds it to the ledger's.
 
 ``status.devices`` is read totally, as the operator reads its own statuses: an
 item that is not ``{id: non-empty string, memoryMB: whole MiB}`` is left out,

@@ -1,12 +1,10 @@
 """Which nodes a claim fits on now, best first, read from the NodeHeadrooms.
 
-**The order**: most allocatable RAM first, then most free VRAM (VRAM capacity minus
-reserved VRAM; a node whose VRAM capacity is unknown comes after every node whose
-capacity is known), then the node's name. The node with the most room keeps the
-most after this claim, so the next claim (or a retry of this one, when the figures
-were stale) is the likeliest to fit too, and claims spread over the nodes instead
-of filling one to the brim, which tight best-fit packing would do. A reservation
-is not a pod: nothing moves it later to defragment.
+**The order** is the operator's (``headroom.ledger.nodeorder``, pure and shared, so
+that this and the operator's placement of gated pods never disagree): most
+allocatable RAM first, then most free VRAM (VRAM capacity minus reserved VRAM; a
+node whose VRAM capacity is unknown comes after every node whose capacity is known),
+then the node's name; spread, not tight packing.
 
 **A node fits** when its capacity is known, it is under its entry cap, its
 allocatable RAM is at least the RAM asked and, where its VRAM capacity is known,
@@ -18,9 +16,7 @@ node can fill up between this reading and the claim; ``--node auto`` then tries 
 next one.
 
 The order is the same for claims on devices: the per-device test only removes the
-nodes where the claim cannot go. A tiebreak by the largest free device was weighed
-and left out: the node-wide free VRAM already ranks the emptier GPU node first, and
-one rule for every claim is easier to predict.
+nodes where the claim cannot go.
 
 A label selector is sent with the NodeHeadroom list: the operator copies each
 Node's labels onto its NodeHeadroom, so whoever may read NodeHeadrooms (a tenant
@@ -31,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -42,6 +39,7 @@ from headroom.client.connection import Connection, connect
 from headroom.client.devices import device_fit, largest_free_mb, spread_over
 from headroom.client.errors import PlacementError, api_message
 from headroom.client.spec import GPUS, MIB, SCHEMA_NAMES, check
+from headroom.ledger import nodeorder
 
 JSON = dict[str, Any]
 #: What grants reading NodeHeadrooms; quoted wherever they are forbidden.
@@ -54,7 +52,7 @@ _DEVICE_FIELDS = {field.alias or name for name, field in DeviceHeadroom.model_fi
 
 
 #: The rule, in a few words, for messages.
-ORDER_RULE = "most allocatable RAM first, then most free VRAM, then name"
+ORDER_RULE = nodeorder.RULE
 
 
 class AutoNode:
@@ -180,18 +178,12 @@ def assess(headroom: JSON, ram_mb: int, vram_mb: int, gpus: int | None = None) -
     )
 
 
-def order(room: NodeRoom) -> tuple[int, int, int, str]:
-    """The sort key of the rule above: more RAM, then known and more free VRAM, then name."""
-    vram_known = 0 if room.free_vram_mb is not None else 1
-    return (-room.allocatable_ram_mb, vram_known, -(room.free_vram_mb or 0), room.node)
-
-
 def rank(
     headrooms: Iterable[JSON], ram_mb: int, vram_mb: int, gpus: int | None = None
 ) -> list[NodeRoom]:
     """Every node: those that fit now first, best first; then the others, by name."""
     rooms = [assess(h, ram_mb, vram_mb, gpus) for h in headrooms]
-    fitting = sorted((r for r in rooms if r.fits), key=order)
+    fitting = nodeorder.best_first(r for r in rooms if r.fits)
     return fitting + sorted((r for r in rooms if not r.fits), key=lambda r: r.node)
 
 
@@ -227,10 +219,11 @@ def node_headrooms(conn: Connection, selector: str | None = None) -> list[JSON]:
 def candidates(rooms: list[NodeRoom], *, may_wait: bool, most: int) -> list[NodeRoom]:
     """The nodes to try, best first: those that fit now; when none does and the claim
     may wait, those where it could fit once others leave (ranked by the same rule)."""
-    fitting = [r for r in rooms if r.fits]
-    if not fitting and may_wait:
-        fitting = sorted((r for r in rooms if r.could_fit_later), key=order)
-    return fitting[:most]
+
+    def fits_later(room: NodeRoom) -> bool:
+        return may_wait and room.could_fit_later
+
+    return list(islice(nodeorder.to_try(rooms, lambda room: room.fits, fits_later), most))
 
 
 def size_text(ram_mb: int, vram_mb: int, gpus: int | None = None) -> str:

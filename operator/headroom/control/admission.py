@@ -48,7 +48,7 @@ from headroom.objects.reservations import (
     reservation_id,
     spec_targets,
 )
-from headroom.objects.status import Decision
+from headroom.objects.status import StatusDecision
 
 log = logging.getLogger(__name__)
 _NOT_LEADER_PAUSE = 0.1
@@ -357,7 +357,7 @@ class Admission:
     ) -> None:
         """A waiting reservation's final decision: a new decision, written like any other."""
         decision_id = f"{self.run_id}-{next(self._decisions)}"
-        decision = Decision(
+        decision = StatusDecision(
             phase=phase,
             reason=reason,
             message=message[:1024],
@@ -392,7 +392,7 @@ class Admission:
         decision_id = f"{self.run_id}-{next(self._decisions)}"
         generation = pending.obj["metadata"].get("generation")
         admitted = entry is not None and phase == Phase.ADMITTED
-        decision = Decision(
+        decision = StatusDecision(
             phase=phase,
             reason=reason,
             message=message,
@@ -411,7 +411,7 @@ class Admission:
         except InvalidValueError:
             beat = None
         beats: dict[str, str | None] = {RESERVATION: beat}
-        seen = self._state.pods.get((pending.namespace, pod)) if pod is not None else None
+        seen = self._state.owner_pods.get((pending.namespace, pod)) if pod is not None else None
         owner_uid = owning_pod_uid(pending.obj)  # a gated pod's: exactly its incarnation
         if seen is not None and owner_uid is not None and seen.uid != owner_uid:
             seen = None  # an earlier pod of that name, not yet known gone: not its owner

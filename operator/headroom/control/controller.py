@@ -39,7 +39,7 @@ from headroom.control.lookups import Lookups
 from headroom.control.nodes import Nodes
 from headroom.control.owners import Owners
 from headroom.control.podrequests import PodRequestsFeed
-from headroom.control.quotas import QuotaFeed
+from headroom.control.quotafeed import QuotaFeed
 from headroom.control.quotastatus import QuotaStatuses
 from headroom.control.reclaim import Reclaimer
 from headroom.control.reconcile import Reconciler
@@ -304,7 +304,7 @@ class Controller:
             "ledger rebuilt in %.2fs: %d nodes, %d owner pods, %d reservations held, %d undecided",
             self.clock.monotonic() - started,
             len(self.state.node_uids),
-            len(self.state.pods),
+            len(self.state.owner_pods),
             len(self.state.holders),
             len(self.admission),
         )

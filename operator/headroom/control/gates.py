@@ -171,14 +171,14 @@ class Gates(PodCalls, WatchedFeed):
     @property
     def gated(self) -> int:
         """Pods held by our gate now."""
-        return sum(1 for pod in self._pods.values() if is_gated(pod.obj))
+        return sum(1 for pod in self._claim_pods.values() if is_gated(pod.obj))
 
     def unschedulable_for(self, scheduler: str) -> list[tuple[PodKey, JSON]]:
         """Claim pods ``scheduler`` left unbound, finding no node for them, that no queue
         of the ledger will nudge: without a reservation that waits or holds."""
         return [
             (key, pod.obj)
-            for key, pod in self._pods.items()
+            for key, pod in self._claim_pods.items()
             if unschedulable_for(pod.obj, scheduler) and not self._queued(key, pod)
         ]
 
@@ -195,10 +195,10 @@ class Gates(PodCalls, WatchedFeed):
         meta = obj.get("metadata") or {}
         key = pod_key(obj)
         uid = str(meta.get("uid", ""))
-        seen = self._pods.get(key)
+        seen = self._claim_pods.get(key)
         if event_type == "DELETED":
             if seen is not None and seen.uid == uid:
-                del self._pods[key]
+                del self._claim_pods[key]
                 self._tasks.spawn(self._gone(key, uid))
             return
         if listed_at is not None and seen is not None and seen.seen_at >= listed_at:
@@ -207,10 +207,10 @@ class Gates(PodCalls, WatchedFeed):
             # Neither opted in nor gated (its label went after its gate did): no longer
             # ours to follow; a reservation it holds stays, as any owner pod's does.
             if seen is not None and seen.uid == uid:
-                del self._pods[key]
+                del self._claim_pods[key]
             return
         if seen is None or seen.uid != uid:
-            seen = self._pods[key] = ClaimPod(obj, uid)
+            seen = self._claim_pods[key] = ClaimPod(obj, uid)
         seen.obj = obj
         seen.seen_at = self._clock.monotonic() if listed_at is None else listed_at
         seen.node = seen.node or bound_node(obj)
@@ -227,13 +227,13 @@ class Gates(PodCalls, WatchedFeed):
 
     def take(self, pods: list[JSON], *, listed_at: float) -> None:
         listed = deliver_listed(pods, self.on_event, listed_at=listed_at)
-        for key in [k for k, seen in self._pods.items() if k not in listed]:
-            if self._pods[key].seen_at < listed_at:  # a watch may have seen it since
-                del self._pods[key]
+        for key in [k for k, seen in self._claim_pods.items() if k not in listed]:
+            if self._claim_pods[key].seen_at < listed_at:  # a watch may have seen it since
+                del self._claim_pods[key]
         # A pod deleted while nobody watched (the operator down, a watch gap): its
         # reservation, if it holds nothing, goes now, not at the next resync.
         for key, known in list(self._reservations.items()):
-            if key not in listed and key not in self._pods:
+            if key not in listed and key not in self._claim_pods:
                 self._unlisted.add((key, known.pod_uid))
         if self.started:
             self._check_unlisted()
@@ -277,21 +277,21 @@ class Gates(PodCalls, WatchedFeed):
     def nodes_changed(self) -> None:
         """A node came, went or changed: pods that found no node may find one now, and a
         pod whose node no longer suits it (tainted, cordoned, relabelled) is placed again."""
-        for key, pod in self._pods.items():
+        for key, pod in self._claim_pods.items():
             if is_gated(pod.obj):
                 self.poke(key)
 
     def start(self) -> None:
         self.started = True
         self._check_unlisted()
-        for key in sorted(self._pods, key=lambda k: (_created(self._pods[k].obj), k)):
+        for key in sorted(self._claim_pods, key=lambda k: (_created(self._claim_pods[k].obj), k)):
             self.poke(key)
 
     # -- bringing a pod and its reservation into agreement --------------------------------------
 
     async def _reconcile(self, key: PodKey) -> None:
         """One pass of the pod's key: what is known of it, decided, done."""
-        seen = self._pods.get(key)
+        seen = self._claim_pods.get(key)
         if seen is None or not self.started or not self._may_act():
             return
         if self.binding(key):  # kube-scheduler's bind has it: looked at again after
@@ -411,7 +411,7 @@ class Gates(PodCalls, WatchedFeed):
         """The pod's reservation on ``node``, chosen by kube-scheduler: with no wait, so
         the ledger admits or refuses it at once (a pod that finds no room waits in the
         scheduler's queue, not in the ledger's)."""
-        seen = self._pods.get(key)
+        seen = self._claim_pods.get(key)
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         if seen is None or seen.uid != uid:
             seen = ClaimPod(pod, uid)  # the watch has not shown it yet
@@ -451,7 +451,7 @@ class Gates(PodCalls, WatchedFeed):
         """Make the pod's waiting reservation, unless it has one to keep; the uid of one
         deleted instead (replaced once it is seen gone), else None."""
         async with self.bind_lock(key):
-            seen = self._pods.get(key)
+            seen = self._claim_pods.get(key)
             if seen is None or seen.uid != uid:
                 seen = ClaimPod(pod, uid)  # the watch has not shown it yet
             if bound_node(seen.obj) or seen.node or is_finished(seen.obj):

@@ -77,7 +77,7 @@ class Lookups:
     def owner_pod(self, namespace: str, pod: str, seen: float) -> PodAnswer | None:
         """What the owner pod is, or None while it is being looked up."""
         key = (namespace, pod)
-        if key in self._state.pods:
+        if key in self._state.owner_pods:
             return PodAnswer.LABELLED
         if key in self._tasks:
             return None

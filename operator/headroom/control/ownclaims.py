@@ -35,7 +35,7 @@ class OwnClaims:
         """Whether ``entry`` (of ``obj``) is the operator's own for a pod running on its
         node, its claim capped at what the pod can use: recorded, fit or not."""
         pod = entry.owner.pod
-        seen = self._state.pods.get((namespace, pod)) if pod is not None else None
+        seen = self._state.owner_pods.get((namespace, pod)) if pod is not None else None
         if seen is None or seen.running is None:
             return False
         ram, vram = self._state.ledger.capacity(seen.running.node)
@@ -51,7 +51,7 @@ class OwnClaims:
             return True
         if owner_uid is None:
             return True
-        seen = self._state.pods.get((namespace, pod))
+        seen = self._state.owner_pods.get((namespace, pod))
         if seen is not None and seen.placed_by_operator and seen.uid == owner_uid:
             # A gated pod's, or one the operator's bind waits for: decided as a claim
             # (only the operator ungates it, or binds it), with no read of the pod.

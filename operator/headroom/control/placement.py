@@ -1,9 +1,12 @@
 """Where a gated pod's reservation goes: a node the pod may run on, best first.
 
-Best first is ``kubectl headroom fit``'s order — most allocatable RAM, then most free
-VRAM (unknown VRAM after known), then name — so claims spread over the nodes and the
-next claim is the likeliest to fit too. The first node that fits now wins; when none
-does, the best one the pod may run on is where it waits, in that node's queue.
+Best first is the one node order of ``headroom.ledger.nodeorder``, which ``kubectl
+headroom fit`` ranks by too: most allocatable RAM, then most free VRAM (unknown VRAM
+after known), then name, so claims spread over the nodes and the next claim is the
+likeliest to fit too. The first node that fits now wins; when none does, the pod
+waits in the queue of the best node that could hold its claim once other claims
+leave (its RAM and VRAM limits, and its devices after what is held on them outside
+Headroom), or of the best node it may run on when none could.
 
 The figures are the ledger's, less what was created for other pods and is not
 decided yet (``planned``): reservations are created one at a time, but decided a
@@ -30,6 +33,7 @@ from headroom.api.constants import MAX_NODE_SUM_MB
 from headroom.api.reasons import EventReason, Reason
 from headroom.control.state import State
 from headroom.kube.transport import JSON
+from headroom.ledger import nodeorder
 from headroom.ledger.entry import Entry, Owner
 from headroom.objects.nodeconstraints import may_run_on
 from headroom.objects.pods import pod_wait
@@ -85,7 +89,7 @@ def choose_node(
     for node, ram, vram in planned:
         had = pending.get(node, (0, 0, 0))
         pending[node] = (had[0] + ram, had[1] + vram, had[2] + 1)
-    ranked: list[tuple[tuple[int, bool, int, str], bool]] = []
+    rooms: list[_Room] = []
     for name, facts in state.node_facts.items():
         if not state.ledger.knows(name) or not may_run_on(pod, facts) or not allowed(name):
             continue
@@ -95,20 +99,39 @@ def choose_node(
         if summary.limit_ram_mb is None:  # RAM not limited on this node
             free_ram = MAX_NODE_SUM_MB
         capacity = summary.vram_capacity_mb
-        free_vram = capacity - summary.reserved_vram_mb - vram if capacity is not None else 0
+        free_vram = capacity - summary.reserved_vram_mb - vram if capacity is not None else None
         fits = (
             claim.ram_mb <= free_ram
-            and (capacity is None or claim.vram_mb <= free_vram)
+            and (free_vram is None or claim.vram_mb <= free_vram)
             and summary.active_entries + entries < summary.max_entries
         )
-        ranked.append(((-free_ram, capacity is None, -free_vram, name), fits))
-    ranked.sort()
-    for order, fits in ranked:  # devices asked in order, only until one fits
-        if fits and (not claim.vram_mb or _fits_devices(state, probe, order[3])):
-            return Placement(order[3])
-    if ranked:
-        return Placement(ranked[0][0][3])
+        rooms.append(_Room(name, free_ram, free_vram, fits))
+
+    def fits_now(room: _Room) -> bool:
+        return room.fits and (not claim.vram_mb or _fits_devices(state, probe, room.node))
+
+    def fits_later(room: _Room) -> bool:
+        probe.node = room.node
+        return state.ledger.could_hold(probe)
+
+    best = next(nodeorder.to_try(rooms, fits_now, fits_later), None)
+    if best is not None:
+        return Placement(best.node)
+    if rooms:  # it could be held nowhere: it waits on the best node, which says why
+        return Placement(nodeorder.best_first(rooms)[0].node)
     return _nowhere(refused, tried)
+
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    """A node's room in the ledger, less what was created for other pods and is not
+    decided yet; ``fits``: the claim fits its entry cap, RAM and VRAM sum (its devices
+    are asked only in the order, until one node fits)."""
+
+    node: str
+    allocatable_ram_mb: int
+    free_vram_mb: int | None
+    fits: bool
 
 
 def pod_probe(state: State, pod: JSON, claim: PodClaim, now: datetime) -> Entry:

@@ -79,7 +79,7 @@ class PodCalls:
         self._state, self._transport, self._events, self._clock = state, transport, events, clock
         self._reclaim, self._may_act, self._rng = reclaim, may_act, rng
         self._telemetry = telemetry or NoTelemetry()
-        self._pods: dict[PodKey, ClaimPod] = {}
+        self._claim_pods: dict[PodKey, ClaimPod] = {}
         self._reservations: dict[PodKey, Known] = {}
         self._tasks = BackgroundTasks()  # condition writes and checks of pods gone
         # Per-pod failures back off 1 s doubling to 30 s, jittered.
@@ -333,7 +333,7 @@ class PodCalls:
             if error.not_found:
                 return None
             raise
-        seen = self._pods.get(key)
+        seen = self._claim_pods.get(key)
         if seen is not None and seen.uid == (pod.get("metadata") or {}).get("uid"):
             seen.obj = pod
         return pod
@@ -408,7 +408,7 @@ class PodCalls:
             await self._transport.json_patch(pod_path(*key) + "/status", patch)
         except (ApiError, ApiUnavailableError) as error:
             log.debug("condition of pod %s/%s not written: %s", *key, error)
-            seen = self._pods.get(key)
+            seen = self._claim_pods.get(key)
             if seen is not None and seen.sent == sent:
                 seen.sent = ()
                 self._queue.add_rate_limited(key)

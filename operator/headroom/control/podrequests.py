@@ -4,7 +4,7 @@ Every pod is followed (no selector: a pod need not know Headroom to book memory)
 and of each only its node and effective memory request are kept, so 50,000 pods
 cost a few MB. A pod counts while it is bound and neither Succeeded nor Failed; the
 ledger subtracts from its node's limit what it requested beyond its claims
-(``headroom.ledger.pods``). Lists are read page by page and never held whole.
+(``headroom.ledger.podrequests``). Lists are read page by page and never held whole.
 
 The same feed counts device-plugin GPUs (``gpus.devicePluginResources``,
 ``nvidia.com/gpu`` by default): a bound pod that has not ended holds that many whole
@@ -113,7 +113,7 @@ class PodRequestsFeed(WatchedFeed):
         ledger = self._state.ledger
         log.info(
             "pods' memory requests: %d bound pods; %d holding device-plugin GPUs",
-            len(ledger.pods),
+            len(ledger.pod_requests),
             ledger.external.pods_with_gpus(),
         )
         return str(version)

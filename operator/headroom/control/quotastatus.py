@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from headroom.api.paths import headroom_quota_path
-from headroom.control.quotas import QuotaFeed
+from headroom.control.quotafeed import QuotaFeed
 from headroom.control.state import State
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport

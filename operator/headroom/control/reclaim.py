@@ -48,7 +48,7 @@ from headroom.kube.retry import retry_call, transient
 from headroom.kube.transport import ApiError, ApiUnavailableError, Transport
 from headroom.logs import about
 from headroom.objects.reservations import heartbeat_value
-from headroom.objects.status import Decision
+from headroom.objects.status import StatusDecision
 
 log = logging.getLogger(__name__)
 _MIN_SLEEP = 0.05
@@ -219,7 +219,7 @@ class Reclaimer:
         """
         if not record.held or not self._state.holds(record):
             return
-        record.decision = Decision(Phase.RECLAIMED, reason, message, self._clock.now())
+        record.decision = StatusDecision(Phase.RECLAIMED, reason, message, self._clock.now())
         record.changed_at = self._clock.monotonic()
         record.confirmed = False
         record.announced = False

@@ -41,8 +41,8 @@ from headroom.objects.reservations import (
     reservation_entry,
     spec_targets,
 )
-from headroom.objects.stamp import Verdict
-from headroom.objects.status import Decision, decision_of, reservation_ref
+from headroom.objects.stamp import StampVerdict
+from headroom.objects.status import StatusDecision, decision_of, reservation_ref
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Reconciler:
         decision = decision_of(status, self._decided_at(status)) if phase else None
         if phase in (Phase.ADMITTED, Phase.REJECTED):
             verdict = self._state.stamper.verdict(obj)
-            if verdict is Verdict.UNTRUSTED or decision is None:
+            if verdict is StampVerdict.UNTRUSTED or decision is None:
                 self._distrust(obj, uid)
                 self._admission.submit(obj)
                 return
@@ -147,11 +147,11 @@ class Reconciler:
                 self._restore_admitted(obj, record)
             else:
                 self._state.remember(record)
-            if verdict is Verdict.ADOPT:
+            if verdict is StampVerdict.ADOPT:
                 self._adopt_later_or_now(record)
         elif phase == Phase.QUEUED:
             verdict = self._state.stamper.verdict(obj)
-            if verdict is Verdict.UNTRUSTED or decision is None:
+            if verdict is StampVerdict.UNTRUSTED or decision is None:
                 self._distrust(obj, uid)
                 self._admission.submit(obj)
                 return
@@ -210,7 +210,7 @@ class Reconciler:
         if entry.expires_at is None and record.decision.expires_at is not None:
             entry.expires_at = entry.given_expiry = record.decision.expires_at  # stamped too
         if record.pod:
-            seen = self._state.pods.get((record.namespace, record.pod))
+            seen = self._state.owner_pods.get((record.namespace, record.pod))
             owner_uid = owning_pod_uid(obj)  # a gated pod's: exactly its incarnation
             if seen is not None and owner_uid is not None and seen.uid != owner_uid:
                 seen = None  # an earlier pod of that name, not yet known gone
@@ -234,7 +234,7 @@ class Reconciler:
         result = state.ledger.restore([entry for entry, _ in fresh])
         for _, record in fresh:
             state.remember(record)
-            if record.pod and (record.namespace, record.pod) not in state.pods:
+            if record.pod and (record.namespace, record.pod) not in state.owner_pods:
                 self._check_owner((record.namespace, record.pod))
         for entry in result.over_committed:
             over = state.held_record(entry.id)
@@ -247,7 +247,7 @@ class Reconciler:
                     "Warning",
                 )
 
-    def _record_of(self, obj: JSON, decision: Decision) -> Record:
+    def _record_of(self, obj: JSON, decision: StatusDecision) -> Record:
         meta = obj["metadata"]
         try:
             beat = heartbeat_value(obj)

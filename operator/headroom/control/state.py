@@ -31,7 +31,7 @@ from headroom.logs import about
 from headroom.objects.nodeconstraints import NodeFacts
 from headroom.objects.pods import RunningClaim
 from headroom.objects.stamp import Stamper
-from headroom.objects.status import Decision
+from headroom.objects.status import StatusDecision
 
 log = logging.getLogger(__name__)
 RESERVATION, POD = "reservation", "pod"  # heartbeat sources
@@ -47,7 +47,7 @@ class Record:
     namespace: str
     name: str
     node: str
-    decision: Decision
+    decision: StatusDecision
     pod: str | None = None
     pod_uid: str | None = None  # the owner pod's incarnation: another uid means it was deleted
     changed_at: float = 0.0  # monotonic time ``decision`` was last set
@@ -111,7 +111,7 @@ class State:
         self.records: dict[str, Record] = {}  # uid -> record
         self.holders: dict[str, str] = {}  # ledger entry id -> uid of the incarnation held
         self.forgotten: dict[str, float] = {}  # uid -> when its object was known gone
-        self.pods: dict[PodKey, SeenPod] = {}  # labelled pods
+        self.owner_pods: dict[PodKey, SeenPod] = {}  # labelled pods that own reservations
         self.owned: dict[PodKey, set[str]] = {}  # owner pod -> uids it holds
         self.node_uids: dict[str, str] = {}
         self.node_labels: dict[str, dict[str, str]] = {}  # copied onto its NodeHeadroom

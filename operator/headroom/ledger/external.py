@@ -2,7 +2,7 @@
 
 A GPU that kube-scheduler gave to a pod through a DRA ResourceClaim or through the
 device plugin (``nvidia.com/gpu``) is not free for Headroom's claims, just as a
-pod's memory request is not free RAM (``headroom.ledger.pods``). This keeps who
+pod's memory request is not free RAM (``headroom.ledger.podrequests``). This keeps who
 holds what outside the ledger, and works out per device what that leaves:
 
 * A DRA allocation result holds its device by its ``consumedCapacity`` memory

@@ -45,7 +45,7 @@ from headroom.ledger.decisions import (
 from headroom.ledger.entry import Entry
 from headroom.ledger.external import ClaimKey, DraClaim, ExternalHoldings
 from headroom.ledger.node import NodeState
-from headroom.ledger.pods import PodKey, PodRequests
+from headroom.ledger.podrequests import PodKey, PodRequests
 from headroom.ledger.queue import Waiting, WaitQueues
 from headroom.ledger.quotas import Quotas, namespace_of
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
@@ -63,7 +63,7 @@ class Ledger:
         self._restored_mb = 0  # held again at a start, not admitted by this ledger
         self._failures: Counter[Reason] = Counter()
         self.waiting = WaitQueues()
-        self.pods = PodRequests()
+        self.pod_requests = PodRequests()
         self.external = ExternalHoldings()  # GPUs held outside Headroom (ledger.external)
         self.quotas = Quotas()
         self._quota_changes_seen = 0  # Quotas.changes when pods' waiters were last looked at
@@ -74,23 +74,23 @@ class Ledger:
         state = self._nodes.get(name)
         if state is None:
             state = self._nodes[name] = NodeState(name, self.limits, external=self.external)
-            state.pod_requests_mb = self.pods.on(name)
+            state.pod_requests_mb = self.pod_requests.on(name)
         return state
 
-    # -- pods placed by the scheduler (headroom.ledger.pods) ------------------------------
+    # -- pods placed by the scheduler (headroom.ledger.podrequests) ------------------------
 
     def set_pod_request(self, key: PodKey, node: str, request_mb: int) -> set[str]:
         """A pod bound to ``node`` requests ``request_mb``; the nodes whose limit moved."""
-        return self._apply(self.pods.set_pod(key, node, request_mb))
+        return self._apply(self.pod_requests.set_pod(key, node, request_mb))
 
     def remove_pod_request(self, key: PodKey) -> set[str]:
-        return self._apply(self.pods.remove_pod(key))
+        return self._apply(self.pod_requests.remove_pod(key))
 
     def _apply(self, nodes: set[str]) -> set[str]:
         for node in nodes:
             state = self._nodes.get(node)
             if state is not None:
-                state.pod_requests_mb = self.pods.on(node)
+                state.pod_requests_mb = self.pod_requests.on(node)
         return nodes
 
     # -- GPUs held outside Headroom (headroom.ledger.external) ----------------------------
@@ -114,7 +114,7 @@ class Ledger:
         if entry.owner.pod:
             namespace = entry.id.split("/", 1)[0]
             key = (namespace, entry.owner.pod)
-            self._apply(self.pods.claim(key, entry.node, sign * entry.ram_mb))
+            self._apply(self.pod_requests.claim(key, entry.node, sign * entry.ram_mb))
 
     def set_node_capacity(
         self,

@@ -36,7 +36,7 @@ class NodeState:
     total_ram_mb: int | None = None  # None: capacity unknown
     vram_mb: int | None = None  # None: VRAM unknown, tracked but not enforced
     reserved_ram_mb: int = 0
-    pod_requests_mb: int = 0  # requested by pods beyond their claims (headroom.ledger.pods)
+    pod_requests_mb: int = 0  # requested by pods beyond their claims (ledger.podrequests)
     reserved_vram_mb: int = 0
     entries: dict[str, Entry] = field(default_factory=dict)
     #: The node's GPU devices (its inventory); None: no per-device admission here.

@@ -28,7 +28,7 @@ TOKEN_REVIEW = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEW = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
 
-class Verdict(IntEnum):
+class AccessVerdict(IntEnum):
     """The HTTP status a scrape gets."""
 
     ALLOWED = 200
@@ -122,12 +122,12 @@ class VerdictCache:
         if size < 1:
             raise ValueError("size must be at least 1")
         self.allowed_ttl, self.refused_ttl, self.size = allowed_ttl, refused_ttl, size
-        self._entries: OrderedDict[str, tuple[Verdict, float]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[AccessVerdict, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: str, now: float) -> Verdict | None:
+    def get(self, key: str, now: float) -> AccessVerdict | None:
         """The cached verdict for ``key``, None when unknown or expired."""
         entry = self._entries.get(key)
         if entry is None:
@@ -139,8 +139,8 @@ class VerdictCache:
         self._entries.move_to_end(key)
         return verdict
 
-    def put(self, key: str, verdict: Verdict, now: float) -> None:
-        ttl = self.allowed_ttl if verdict is Verdict.ALLOWED else self.refused_ttl
+    def put(self, key: str, verdict: AccessVerdict, now: float) -> None:
+        ttl = self.allowed_ttl if verdict is AccessVerdict.ALLOWED else self.refused_ttl
         self._entries[key] = (verdict, now + ttl)
         self._entries.move_to_end(key)
         while len(self._entries) > self.size:

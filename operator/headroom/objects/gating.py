@@ -37,7 +37,7 @@ INVALID = 422
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class GateVerdict:
     """Allowed with a JSONPatch (possibly empty), or denied with a code and a message."""
 
     allowed: bool
@@ -50,7 +50,7 @@ class ReviewError(ValueError):
     """A request body that is not an AdmissionReview this webhook can answer (HTTP 400)."""
 
 
-def gate_pod(pod: Any, *, scheduler: str | None = None) -> Verdict:
+def gate_pod(pod: Any, *, scheduler: str | None = None) -> GateVerdict:
     """What to do with a pod being created: gate it, refuse it, or leave it alone.
 
     ``scheduler``: placement by kube-scheduler (``placement.mode: scheduler``): a pod
@@ -59,17 +59,17 @@ def gate_pod(pod: Any, *, scheduler: str | None = None) -> Verdict:
     One that names another scheduler is gated as in the gate mode: that scheduler
     knows nothing of the ledger."""
     if not isinstance(pod, dict):
-        return Verdict(False, f"the object is not a Pod: {shown(pod)}", INVALID)
+        return GateVerdict(False, f"the object is not a Pod: {shown(pod)}", INVALID)
     if not is_claim_pod(pod):
         # Defence in depth: the objectSelector should never send such a pod.
-        return Verdict(True)
+        return GateVerdict(True)
     try:
         pod_claim(pod)
     except InvalidValueError as error:
-        return Verdict(False, str(error), INVALID)
+        return GateVerdict(False, str(error), INVALID)
     spec = pod.get("spec")
     if not isinstance(spec, dict):
-        return Verdict(False, f"spec: not a map: {shown(spec)}", INVALID)
+        return GateVerdict(False, f"spec: not a map: {shown(spec)}", INVALID)
     node_name = spec.get("nodeName")
     if node_name:
         held = (
@@ -77,7 +77,7 @@ def gate_pod(pod: Any, *, scheduler: str | None = None) -> Verdict:
             if scheduler is not None
             else f"created behind the scheduling gate {SCHEDULING_GATE}"
         )
-        return Verdict(
+        return GateVerdict(
             False,
             f'spec.nodeName: a pod labelled {CLAIM_LABEL}: "true" is {held} and may not set '
             f"spec.nodeName (got {shown(node_name)}); name its node in the annotation "
@@ -86,8 +86,8 @@ def gate_pod(pod: Any, *, scheduler: str | None = None) -> Verdict:
         )
     name = spec.get("schedulerName")
     if scheduler is not None and name in (None, "", DEFAULT_SCHEDULER, scheduler):
-        return Verdict(True, patch=_scheduler_patch(spec, scheduler) + _owner_patch(pod))
-    return Verdict(True, patch=_gate_patch(spec) + _owner_patch(pod))
+        return GateVerdict(True, patch=_scheduler_patch(spec, scheduler) + _owner_patch(pod))
+    return GateVerdict(True, patch=_gate_patch(spec) + _owner_patch(pod))
 
 
 def _scheduler_patch(spec: dict[str, Any], scheduler: str) -> list[dict[str, Any]]:
@@ -137,7 +137,7 @@ def review_response(review: Any, *, scheduler: str | None = None) -> dict[str, A
     kind = request.get("kind") or {}
     is_pod = isinstance(kind, dict) and kind.get("group", "") == "" and kind.get("kind") == "Pod"
     if request.get("operation") != "CREATE" or not is_pod:
-        verdict = Verdict(True)  # only Pod CREATE is registered; anything else passes
+        verdict = GateVerdict(True)  # only Pod CREATE is registered; anything else passes
     else:
         verdict = gate_pod(request.get("object"), scheduler=scheduler)
     return {
@@ -147,7 +147,7 @@ def review_response(review: Any, *, scheduler: str | None = None) -> dict[str, A
     }
 
 
-def _answer(uid: str, verdict: Verdict) -> dict[str, Any]:
+def _answer(uid: str, verdict: GateVerdict) -> dict[str, Any]:
     response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
     if not verdict.allowed:
         response["status"] = {

@@ -42,7 +42,7 @@ KEY_FIELD = "decision-key"
 ADOPTED_ANNOTATION = f"{GROUP}/statuses-adopted"
 
 
-class Verdict(Enum):
+class StampVerdict(Enum):
     TRUSTED = "trusted"  # stamped with our key, or no key in use
     ADOPT = "adopt"  # unverifiable, and the key is new: keep it and stamp it again
     UNTRUSTED = "untrusted"  # unverifiable with a key already established: decide again
@@ -98,7 +98,7 @@ class Stamper:
         )
         return hmac.compare_digest(expected or "", str(status.get("decisionStamp", "")))
 
-    def verdict(self, obj: JSON) -> Verdict:
+    def verdict(self, obj: JSON) -> StampVerdict:
         if self.trusted(obj):
-            return Verdict.TRUSTED
-        return Verdict.ADOPT if self.adopting else Verdict.UNTRUSTED
+            return StampVerdict.TRUSTED
+        return StampVerdict.ADOPT if self.adopting else StampVerdict.UNTRUSTED

@@ -39,7 +39,7 @@ def reservation_ref(namespace: str, name: str, uid: str) -> ObjectRef:
 
 
 @dataclass(slots=True)
-class Decision:
+class StatusDecision:
     """What the operator decided about one Reservation: what its status must say."""
 
     phase: Phase
@@ -67,7 +67,7 @@ class Decision:
         return self.phase == Phase.RECLAIMED or status.get("decisionID") == self.decision_id
 
 
-def admitted_condition(decision: Decision) -> JSON:
+def admitted_condition(decision: StatusDecision) -> JSON:
     condition: JSON = {
         "type": "Admitted",
         "status": "True" if decision.phase == Phase.ADMITTED else "False",
@@ -80,7 +80,7 @@ def admitted_condition(decision: Decision) -> JSON:
     return condition
 
 
-def status_body(decision: Decision, last_heartbeat: datetime | None = None) -> JSON:
+def status_body(decision: StatusDecision, last_heartbeat: datetime | None = None) -> JSON:
     """The whole ``status`` for a decision (replaces what was there)."""
     status: JSON = {
         "phase": str(decision.phase),
@@ -137,7 +137,7 @@ def set_heartbeat(uid: str, decision_id: str, at: datetime) -> list[JSON]:
     ]
 
 
-def decision_of(status: JSON, at: datetime) -> Decision | None:
+def decision_of(status: JSON, at: datetime) -> StatusDecision | None:
     """The decision a status carries (read back at rebuild), or None if it has none."""
     try:
         phase = Phase(str(status.get("phase")))
@@ -146,7 +146,7 @@ def decision_of(status: JSON, at: datetime) -> Decision | None:
         return None
     generation = status.get("observedGeneration")
     position = status.get("queuePosition")
-    return Decision(
+    return StatusDecision(
         phase=phase,
         reason=reason,
         message=str(status.get("message") or "")[:4096],

@@ -20,7 +20,7 @@ from headroom.kube.transport import ApiError, ApiUnavailableError, Transport
 from headroom.objects.access import (
     ACCESS_REVIEW,
     TOKEN_REVIEW,
-    Verdict,
+    AccessVerdict,
     VerdictCache,
     access_allowed,
     access_review,
@@ -47,10 +47,12 @@ class AccessReviewer:
         self.cache = cache or VerdictCache()
         self.reviews = 0  # API calls made (tests: the cache spares them)
 
-    async def verdict(self, authorization: str | None, path: str, verb: str = "get") -> Verdict:
+    async def verdict(
+        self, authorization: str | None, path: str, verb: str = "get"
+    ) -> AccessVerdict:
         token = bearer_token(authorization)
         if token is None:
-            return Verdict.UNAUTHENTICATED
+            return AccessVerdict.UNAUTHENTICATED
         key = f"{digest(token)} {verb} {path}"
         cached = self.cache.get(key, self._clock.monotonic())
         if cached is not None:
@@ -59,18 +61,18 @@ class AccessReviewer:
         self.cache.put(key, verdict, self._clock.monotonic())
         return verdict
 
-    async def _review(self, token: str, path: str, verb: str) -> Verdict:
+    async def _review(self, token: str, path: str, verb: str) -> AccessVerdict:
         try:
             self.reviews += 1
             user = reviewed_user(await self._api.create(TOKEN_REVIEW, token_review(token)))
             if user is None:
-                return Verdict.UNAUTHENTICATED
+                return AccessVerdict.UNAUTHENTICATED
             self.reviews += 1
             answer = await self._api.create(ACCESS_REVIEW, access_review(user, path, verb))
         except (ApiError, ApiUnavailableError) as error:
             log.warning("cannot review a scrape of %s: %s", path, error)
             raise ReviewUnavailableError(str(error)) from error
         if access_allowed(answer):
-            return Verdict.ALLOWED
+            return AccessVerdict.ALLOWED
         log.info("scrape of %s refused: %s may not %s it", path, user.name, verb)
-        return Verdict.FORBIDDEN
+        return AccessVerdict.FORBIDDEN

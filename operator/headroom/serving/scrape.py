@@ -29,7 +29,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from headroom.objects.access import Verdict
+from headroom.objects.access import AccessVerdict
 from headroom.objects.certificates import CertificatePolicy, fresh
 from headroom.serving.access import AccessReviewer, ReviewUnavailableError
 from headroom.serving.metrics import OperatorMetrics
@@ -136,11 +136,11 @@ class MetricsServer:
                 verdict = await self._reviewer.verdict(request.headers.get("Authorization"), PATH)
             except ReviewUnavailableError:
                 return web.Response(status=503, text="cannot review the token now; try again")
-            if verdict is Verdict.UNAUTHENTICATED:
+            if verdict is AccessVerdict.UNAUTHENTICATED:
                 return web.Response(
                     status=401, text="Unauthorized", headers={"WWW-Authenticate": "Bearer"}
                 )
-            if verdict is Verdict.FORBIDDEN:
+            if verdict is AccessVerdict.FORBIDDEN:
                 return web.Response(status=403, text="Forbidden")
         body = generate_latest(self._registry)  # on the loop: collectors read the ledger
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
