@@ -272,9 +272,8 @@ class Recording:
         return getattr(self.inner, name)
 
 
-def test_the_rebuild_reads_slices_then_nodes_then_reservations() -> None:
-    """No reservation is restored or decided before its node's devices are known, and a
-    Node is applied with its slices already there (its inventory read once); an API
+def test_the_rebuild_reads_slices_after_nodes_and_before_reservations() -> None:
+    """No reservation is restored or decided before its node's devices are known; an API
     server without resource.k8s.io/v1 (the fake: 404) does not stop the rebuild."""
 
     async def scenario() -> None:
@@ -288,7 +287,7 @@ def test_the_rebuild_reads_slices_then_nodes_then_reservations() -> None:
         versions = await controller.rebuild()
         assert versions["resourceslices"] is None  # not served: the watch waits for a resync
         order = [p for p in transport.listed if p in (NODES, RESOURCE_SLICES, RESERVATIONS)]
-        assert order == [RESOURCE_SLICES, NODES, RESERVATIONS]
+        assert order == [NODES, RESOURCE_SLICES, RESERVATIONS]
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=60)

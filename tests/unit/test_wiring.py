@@ -58,12 +58,12 @@ def test_each_watched_kind_is_declared_once_and_the_rebuild_order_is_the_safety_
         names = [feed.name for feed in controller.feeds]
         assert len(names) == len(set(names)), names
         assert names == [
-            "resourceslices",  # each node's GPU inventory, before any node is applied
+            "nodes",  # taken after the GPU inventory, which is taken as it is listed
+            "resourceslices",
             "resourceclaims",
             "namespaces",  # their labels select the quotas
             "headroomquotas",
             "all-pods",  # what pods requested, before any admission is restored
-            "nodes",
             "pods",  # owner pods before the reservations they keep alive
             "reservations",
             "claims",  # claim pods last: their reservations are known

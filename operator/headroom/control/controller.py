@@ -182,17 +182,18 @@ class Controller:
         # fmt: on
 
     def _declare_feeds(self) -> tuple[Feed, ...]:
-        """Every watched kind, in the rebuild's order (module docstring): each node's GPU
-        inventory, the GPUs DRA claims hold, every namespace and quota, every pod's
-        requests, then the Nodes (after their slices: nothing refreshed twice), the owner
-        pods (before the reservations they keep alive), the Reservations, and last the
-        claim pods (their reservations known)."""
+        """Every watched kind, in the rebuild's order (module docstring). Listed in this
+        order; each node's GPU inventory (ResourceSlices), the GPUs DRA claims hold, every
+        namespace and quota and every pod's requests are taken as they are listed, the
+        rest in this order once all are listed: the Nodes (their slices already there),
+        the owner pods (before the reservations they keep alive), the Reservations, and
+        last the claim pods (their reservations known)."""
         return (
+            self.nodes,
             self.slices,
             self.resource_claims,
             *self.quotas.feeds,
             *((self.pod_requests,) if self.pod_requests is not None else ()),
-            self.nodes,
             self.owners,
             self.reservations,
             self.gates,
@@ -298,7 +299,11 @@ class Controller:
         """Rebuild the ledger from every feed's list, in their order; where each watch starts
         (None: the kind is not served yet, its watch waits for a resync's list)."""
         started = self.clock.monotonic()
-        versions = {feed.name: await feed.take_listed() for feed in self.feeds}
+        listed = [await feed.list_at_start() for feed in self.feeds]  # every API call first
+        for taking in listed:  # then into the ledger, with no API call till the decider starts
+            taking.take()
+        names = [feed.name for feed in self.feeds]
+        versions = {name: taking.version for name, taking in zip(names, listed, strict=True)}
         self.state.dirty_nodes.update(self.state.node_uids)
         log.info(
             "ledger rebuilt in %.2fs: %d nodes, %d owner pods, %d reservations held, %d undecided",

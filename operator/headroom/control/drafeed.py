@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable, Collection
 from typing import ClassVar
 
+from headroom.control.feeds import Listed
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, ApiError, Transport, list_all
 from headroom.kube.watch import follow
@@ -101,6 +102,10 @@ class DraFeed(abc.ABC):
         """At the rebuild: list into the State. Returns the list's version, or None when
         nothing is read (the watch then waits for a resync whose list succeeds)."""
         return await self._list_and_take(rebuilding=True)
+
+    async def list_at_start(self) -> Listed:
+        """Taken while listed: a Node applied later reads its inventory then."""
+        return Listed(await self.take_listed())
 
     async def resync(self) -> None:
         """List again (part of every resync): objects missed, and DRA turned on since."""

@@ -9,6 +9,12 @@ every resync, and stops it. It iterates one ordered tuple of feeds for all four,
 so a new kind is one declaration, and the rebuild order, which is the start-up's
 safety argument, reads top to bottom in one place.
 
+The rebuild has two steps: every feed lists (all the API calls), then every list
+is taken into the State in the feeds' order, with no API call in between. So the
+restored admissions, alive as of their restore, are not aged by a list that comes
+after them, and the decider starts right after. A feed whose list depends on no
+other's (the DRA kinds, quotas, every pod's requests) takes it while listing.
+
 :class:`WatchedFeed` is the common case: one path and label selector whose full
 list replaces what the feed knew. The DRA kinds (``headroom.control.drafeed``) may
 not be served at all and say so with a ``None`` version.
@@ -19,10 +25,26 @@ from __future__ import annotations
 import abc
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from headroom.kube.transport import JSON, Transport
+from headroom.kube.clock import Clock
+from headroom.kube.transport import JSON, Transport, list_all
 from headroom.kube.watch import follow
+
+
+def _nothing_to_take() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A feed's list at the rebuild: the version its watch starts from (None: the kind is
+    not served, the watch waits for a list that is), and what takes the list into the
+    State, with no API call."""
+
+    version: str | None
+    take: Callable[[], None] = _nothing_to_take
 
 
 class OnEvent(Protocol):
@@ -41,9 +63,8 @@ class Feed(Protocol):
         """The watch's name (task name, ``headroom_watch_restarts_total{watch}``)."""
         ...
 
-    async def take_listed(self) -> str | None:
-        """The rebuild: list everything into the State. The version the watch starts
-        from; None when the kind is not served (the watch waits for a list that is)."""
+    async def list_at_start(self) -> Listed:
+        """The rebuild's list (every API call of it); its ``take`` makes no API call."""
         ...
 
     async def resync(self) -> None:
@@ -69,6 +90,7 @@ class WatchedFeed(abc.ABC):
     path: ClassVar[str]
     selector: ClassVar[str | None] = None
     _transport: Transport
+    _clock: Clock
 
     @abc.abstractmethod
     def on_event(
@@ -76,13 +98,20 @@ class WatchedFeed(abc.ABC):
     ) -> None:
         """One object from the watch, or from a list asked for at ``listed_at``."""
 
+    def take(self, objects: list[JSON], *, listed_at: float) -> None:
+        """A full list asked for at ``listed_at``; no API call. Needed by the default
+        :meth:`list_at_start`; a feed that takes its list while listing has none."""
+        raise NotImplementedError(f"the {self.name} feed takes its list while listing")
+
     @abc.abstractmethod
     async def relist(self) -> str:
         """Every object again, taken into the State; the list's version. The watch's
-        relist (its version expired), the rebuild and every resync."""
+        relist (its version expired), and every resync."""
 
-    async def take_listed(self) -> str | None:
-        return await self.relist()
+    async def list_at_start(self) -> Listed:
+        asked = self._clock.monotonic()
+        objects, version = await list_all(self._transport, self.path, label_selector=self.selector)
+        return Listed(version, lambda: self.take(objects, listed_at=asked))
 
     async def resync(self) -> None:
         await self.relist()

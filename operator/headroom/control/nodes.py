@@ -139,14 +139,17 @@ class Nodes(WatchedFeed):
         """Every Node again: the Node watch's relist, and part of every resync."""
         started = self._clock.monotonic()
         nodes, version = await list_all(self._transport, NODES)
-        listed = set()
-        for node in nodes:
-            listed.add((node.get("metadata") or {}).get("name"))
-            self.on_event(None, node, listed_at=started)
+        self.take(nodes, listed_at=started)
+        listed = {(node.get("metadata") or {}).get("name") for node in nodes}
         for name in [n for n in self._state.node_uids if n not in listed]:
             if self._state.node_seen.get(name, float("-inf")) < started:
                 await self._read_back(name)
         return version
+
+    def take(self, objects: list[JSON], *, listed_at: float) -> None:
+        """Nodes a list missed are read back by :meth:`relist` (at the rebuild, none is known)."""
+        for node in objects:
+            self.on_event(None, node, listed_at=listed_at)
 
     async def _read_back(self, name: str) -> None:
         """Missing from a list: deleted, or created after it? Ask."""

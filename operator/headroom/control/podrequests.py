@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Collection
 
 from headroom.api.paths import PODS
-from headroom.control.feeds import WatchedFeed
+from headroom.control.feeds import Listed, WatchedFeed
 from headroom.control.state import PodKey, State, pod_key
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, Transport
@@ -86,6 +86,10 @@ class PodRequestsFeed(WatchedFeed):
             moved = ledger.set_pod_request(key, node, memory_request_mb(obj))
         gpus = device_plugin_gpus(obj, self._gpu_resources)
         return moved | ledger.set_device_plugin_pod(key, node, gpus)
+
+    async def list_at_start(self) -> Listed:
+        """Taken while listed, a page at a time (no other feed's list changes what it counts)."""
+        return Listed(await self.relist())
 
     async def relist(self) -> str:
         """Every pod again, a page at a time: the watch's relist, the rebuild, the resync."""

@@ -31,7 +31,7 @@ from headroom.api.constants import API_VERSION
 from headroom.api.paths import HEADROOM_QUOTAS, NAMESPACES, namespace_path
 from headroom.api.reasons import EventReason
 from headroom.api.refs import ObjectRef
-from headroom.control.feeds import WatchedFeed
+from headroom.control.feeds import Listed, WatchedFeed
 from headroom.control.state import State
 from headroom.kube.backoff import Backoff
 from headroom.kube.clock import Clock
@@ -258,6 +258,9 @@ class NamespaceWatch(WatchedFeed):
     async def relist(self) -> str:
         return await self._quotas.relist_namespaces()
 
+    async def list_at_start(self) -> Listed:
+        return Listed(await self.relist())  # taken while listed: the quotas come next
+
 
 class QuotaWatch(WatchedFeed):
     """HeadroomQuotas, as a :class:`Feed` of a :class:`QuotaFeed` (which it stops)."""
@@ -274,6 +277,9 @@ class QuotaWatch(WatchedFeed):
 
     async def relist(self) -> str:
         return await self._quotas.relist_quotas()
+
+    async def list_at_start(self) -> Listed:
+        return Listed(await self.relist())  # taken while listed: usage rebuilt with the ledger
 
     async def stop(self) -> None:
         await self._quotas.stop()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from headroom.api.paths import RESERVATIONS
-from headroom.control.feeds import WatchedFeed
+from headroom.control.feeds import Listed, WatchedFeed
 from headroom.control.reconcile import Reconciler
 from headroom.control.state import State
 from headroom.kube.clock import Clock
@@ -46,19 +46,22 @@ class ReservationFeed(WatchedFeed):
             return
         self._reconciler.reconcile(obj, listed_at=listed_at)
 
-    async def take_listed(self) -> str:
-        """The rebuild: every Reservation, oldest first, its trusted admissions restored
-        together before any is decided."""
+    async def list_at_start(self) -> Listed:
+        """The rebuild: every Reservation, taken oldest first, its trusted admissions
+        restored together before any is decided."""
         reservations, version = await list_all(self._transport, RESERVATIONS)
+        reservations.sort(key=lambda o: (o.get("metadata") or {}).get("creationTimestamp", ""))
+        return Listed(version, lambda: self.take(reservations, listed_at=0.0))
+
+    def take(self, objects: list[JSON], *, listed_at: float) -> None:
+        """The rebuild's list (``listed_at`` unused: nothing is remembered before it)."""
         reconciler = self._reconciler
         reconciler.restoring()
         try:
-            reservations.sort(key=lambda o: (o.get("metadata") or {}).get("creationTimestamp", ""))
-            for obj in reservations:
+            for obj in objects:
                 reconciler.reconcile(obj)
         finally:
             reconciler.restore_collected()
-        return version
 
     async def relist(self) -> str:
         """Reconcile every Reservation from a full list: the safety net for a missed watch
