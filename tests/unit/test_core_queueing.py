@@ -114,3 +114,19 @@ def test_under_strict_fifo_waiters_stay_behind_an_older_undecided_one() -> None:
     older = {"n1": (T0, "old")}
     assert book.admit_waiting(young, ["n1"], strict=True, undecided=older) == []
     assert book.admit_waiting(young, ["n1"], strict=False, undecided=older) != []
+
+
+def test_a_new_incarnation_waits_in_its_predecessors_place_not_behind_it() -> None:
+    """A reservation replaced under the same name (a gated pod's claim edited) may wait
+    before the old one's deletion is seen: one wait per name, or the old one would stay
+    in the node's queue ahead of everyone for ever (found by simulation seed 1131)."""
+    book = ledger(total=5120)
+    assert book.reserve(entry("holder", 4096), T0).admitted
+    assert book.reserve_or_wait(entry("ns/pod", 1024, at=T0), T0, LATER).position == 1
+    again = entry("ns/pod", 512, at=T0 + timedelta(seconds=3))
+    assert book.reserve_or_wait(again, T0, LATER).position == 1
+    assert [w.entry for w in book.waiting.on("n1")] == [again]
+    later = entry("ns/other", 512, at=T0 + timedelta(seconds=5))
+    assert book.reserve_or_wait(later, T0, LATER).position == 2
+    book.waiting.remove("ns/pod")
+    assert [w.entry_id for w in book.waiting.on("n1")] == ["ns/other"]

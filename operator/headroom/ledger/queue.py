@@ -71,7 +71,11 @@ class WaitQueues:
         expires: datetime | None = None,
     ) -> int:
         """Start waiting (until ``until``, or its expiry: its own, else ``expires``, the one
-        its quota gives); returns the entry's position on its node (1 is next)."""
+        its quota gives); returns the entry's position on its node (1 is next). One wait
+        per id: a new incarnation of a reservation (the same name, its predecessor's
+        deletion not seen yet) takes the place of the old one's, which would otherwise
+        stay in its node's queue, ahead of everyone, for ever."""
+        self.remove(entry.id)
         waiting = Waiting(entry.created_at, entry.id, next(self._sequence), entry, until, for_quota)
         queue = self._queues.setdefault(entry.node, [])
         bisect.insort(queue, waiting)
