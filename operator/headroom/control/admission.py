@@ -373,7 +373,7 @@ class Admission:
         record.decision = decision
         record.changed_at = self._clock.monotonic()
         record.confirmed = record.announced = False
-        self._state.dirty_nodes.add(record.node)
+        self._state.mark_dirty(record.node)
         self._writer.ensure(record.uid)
 
     def _refuse(self, pending: Pending, reason: Reason, message: str) -> None:

@@ -423,7 +423,7 @@ class Controller:
         finally:
             self.reconciler.restore_collected()
         self.gates.take(claims, listed_at=started)  # acted on once the decider runs
-        self.state.dirty_nodes.update(self.state.node_uids)
+        self.state.mark_dirty(*self.state.node_uids)
         log.info(
             "ledger rebuilt in %.2fs: %d nodes, %d owner pods, %d reservations held, %d undecided",
             self.clock.monotonic() - started,

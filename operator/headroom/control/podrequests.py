@@ -62,7 +62,7 @@ class PodRequestsFeed:
             log.exception("pod %s/%s not handled", *key)
             return
         if moved:
-            self._state.dirty_nodes.update(moved)
+            self._state.mark_dirty(*moved)
             self._state.room_nodes.update(moved)
             self._changed()
 
@@ -100,7 +100,7 @@ class PodRequestsFeed:
             del self._seen[key]
             moved = self._state.ledger.remove_pod_request(key)
             moved |= self._state.ledger.set_device_plugin_pod(key, None, 0)
-            self._state.dirty_nodes.update(moved)
+            self._state.mark_dirty(*moved)
             self._state.room_nodes.update(moved)
         self._changed()
         ledger = self._state.ledger

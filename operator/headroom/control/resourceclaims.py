@@ -80,7 +80,7 @@ class ResourceClaims(DraFeed):
         else:
             self._held.add(key)
         if moved:
-            self._state.dirty_nodes.update(moved)
+            self._state.mark_dirty(*moved)
             self._state.room_nodes.update(moved)
             self._changed()
 

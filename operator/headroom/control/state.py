@@ -123,10 +123,21 @@ class State:
         #: Where each node's GPU devices were read (ResourceSlice, HAMi, GFD), for its summary.
         self.gpu_sources: dict[str, str] = {}
         self.slice_seen: dict[str, float] = {}  # slice -> when a watch last told us of it
-        self.dirty_nodes: set[str] = set()
+        self._dirty_nodes: set[str] = set()  # nodes whose NodeHeadroom is to be written again
         self.room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now
         self.waiters: dict[str, str] = {}  # entry id of a waiting reservation -> its uid
         self.stamper = Stamper(None)  # replaced at start when a decision key is configured
+
+    # -- nodes whose summary or queue changed -------------------------------------------------
+
+    def mark_dirty(self, *nodes: str) -> None:
+        """The NodeHeadroom of these nodes is to be written again (at the next flush)."""
+        self._dirty_nodes.update(nodes)
+
+    def take_dirty(self) -> set[str]:
+        """The nodes marked dirty since the last take; none are marked after it."""
+        dirty, self._dirty_nodes = self._dirty_nodes, set()
+        return dirty
 
     # -- records ---------------------------------------------------------------------------
 
@@ -151,7 +162,7 @@ class State:
             self.hold(record)
         elif record.decision.phase == Phase.QUEUED:
             self.waiters[record.entry_id] = record.uid
-            self.dirty_nodes.add(record.node)
+            self._dirty_nodes.add(record.node)
         return True
 
     def hold(self, record: Record) -> None:
@@ -159,7 +170,7 @@ class State:
         self.holders[record.entry_id] = record.uid
         if self.waiters.get(record.entry_id) == record.uid:
             del self.waiters[record.entry_id]
-        self.dirty_nodes.add(record.node)
+        self._dirty_nodes.add(record.node)
         if record.pod:
             self.owned.setdefault((record.namespace, record.pod), set()).add(record.uid)
 
@@ -176,7 +187,7 @@ class State:
         """Drop the ledger-side links of a record (its entry already left the ledger)."""
         if self.holders.get(record.entry_id) == record.uid:
             del self.holders[record.entry_id]
-        self.dirty_nodes.add(record.node)
+        self._dirty_nodes.add(record.node)
         self.room_nodes.add(record.node)  # room may have appeared for a waiting one
         self.room_nodes |= self.ledger.quota_waiters(record.namespace)  # ... or in its quota
         if record.pod:
@@ -207,7 +218,7 @@ class State:
         if self.waiters.get(record.entry_id) == record.uid:
             del self.waiters[record.entry_id]
             self.ledger.waiting.remove(record.entry_id)
-            self.dirty_nodes.add(record.node)
+            self._dirty_nodes.add(record.node)
             self.room_nodes.add(record.node)  # under strict FIFO the next one may go now
 
     def forget(self, uid: str, now: float) -> Record | None:
