@@ -220,7 +220,7 @@ class Admission:
                     extra=about(pending.namespace, pending.name, pending.uid, node),
                 )
                 self._refuse(pending, Reason.INVALID_SPEC, f"could not be decided: {error}")
-        if decided & self._state.room_nodes:
+        if self._state.room_marked(decided):
             self._wake.set()  # waiters held back behind these may go now
 
     def _ready(self, pending: Pending) -> bool:
@@ -302,14 +302,14 @@ class Admission:
             record = self._waiting_record(verdict.entry.id)
             if record is not None:
                 state.waiters.pop(record.entry_id, None)
-                state.room_nodes.add(record.node)  # strict FIFO: the next one may go now
+                state.mark_room(record.node)  # strict FIFO: the next one may go now
                 self._decide_again(record, Phase.REJECTED, verdict.reason, verdict.message)
-        nodes, state.room_nodes = state.room_nodes, set()
+        nodes = state.take_room()
         self._room_on(nodes)
         if not nodes or not len(state.ledger.waiting):
             return
         undecided = self._oldest_undecided() if self._strict else {}
-        state.room_nodes |= nodes & undecided.keys()  # settled again once those are decided
+        state.mark_room(*(nodes & undecided.keys()))  # settled again once those are decided
         admitted = state.ledger.admit_waiting(now, nodes, strict=self._strict, undecided=undecided)
         for verdict in admitted:
             record = self._waiting_record(verdict.entry.id)

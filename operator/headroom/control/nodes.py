@@ -104,8 +104,7 @@ class Nodes:
         inventory_part = _inventory_part(meta)
         self._last[name] = (inventory_part, capacity)
         self._inventories.apply(self._ref(name), inventory_part, capacity)
-        state.mark_dirty(name)
-        state.room_nodes.add(name)  # it may have grown, or its limits loosened
+        state.mark_changed(name)  # it may have grown, or its limits loosened
         self._changed()
 
     def refresh(self, names: set[str]) -> None:
@@ -121,8 +120,7 @@ class Nodes:
             except Exception:  # one node must never stop the others
                 log.exception("GPU inventory of node %s not applied", name)
                 continue
-            state.mark_dirty(name)
-            state.room_nodes.add(name)
+            state.mark_changed(name)
             refreshed = True
         if refreshed:
             self._changed()

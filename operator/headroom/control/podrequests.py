@@ -62,8 +62,7 @@ class PodRequestsFeed:
             log.exception("pod %s/%s not handled", *key)
             return
         if moved:
-            self._state.mark_dirty(*moved)
-            self._state.room_nodes.update(moved)
+            self._state.mark_changed(*moved)
             self._changed()
 
     def _apply(self, event_type: str | None, key: PodKey, obj: JSON) -> set[str]:
@@ -100,8 +99,7 @@ class PodRequestsFeed:
             del self._seen[key]
             moved = self._state.ledger.remove_pod_request(key)
             moved |= self._state.ledger.set_device_plugin_pod(key, None, 0)
-            self._state.mark_dirty(*moved)
-            self._state.room_nodes.update(moved)
+            self._state.mark_changed(*moved)
         self._changed()
         ledger = self._state.ledger
         log.info(

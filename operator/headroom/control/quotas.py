@@ -146,7 +146,7 @@ class QuotaFeed:
     def _changed(self) -> None:
         """What governs some namespace changed: waiters for a quota may go (or be denied)."""
         state = self._state
-        state.room_nodes |= state.ledger.quota_waiters()
+        state.mark_room(*state.ledger.quota_waiters())
         self._wake()
         self._rules_changed()
 

@@ -183,7 +183,7 @@ class Reconciler:
         given = ledger.quotas.expiry(entry) if entry.expires_at is None else None
         record.decision.position = ledger.waiting.add(entry, entry.wait_until, expires=given)
         if self._state.remember(record):
-            self._state.room_nodes.add(entry.node)
+            self._state.mark_room(entry.node)
             self._admission.wake()
         else:
             self._state.ledger.waiting.remove(entry.id)

@@ -80,8 +80,7 @@ class ResourceClaims(DraFeed):
         else:
             self._held.add(key)
         if moved:
-            self._state.mark_dirty(*moved)
-            self._state.room_nodes.update(moved)
+            self._state.mark_changed(*moved)
             self._changed()
 
     def _take(self, objs: list[JSON], listed_at: float, *, rebuilding: bool) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -124,7 +125,7 @@ class State:
         self.gpu_sources: dict[str, str] = {}
         self.slice_seen: dict[str, float] = {}  # slice -> when a watch last told us of it
         self._dirty_nodes: set[str] = set()  # nodes whose NodeHeadroom is to be written again
-        self.room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now
+        self._room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now
         self.waiters: dict[str, str] = {}  # entry id of a waiting reservation -> its uid
         self.stamper = Stamper(None)  # replaced at start when a decision key is configured
 
@@ -138,6 +139,24 @@ class State:
         """The nodes marked dirty since the last take; none are marked after it."""
         dirty, self._dirty_nodes = self._dirty_nodes, set()
         return dirty
+
+    def mark_room(self, *nodes: str) -> None:
+        """Room may have appeared on these nodes: what waits there is tried again."""
+        self._room_nodes.update(nodes)
+
+    def mark_changed(self, *nodes: str) -> None:
+        """What these nodes hold or offer changed: their summary, and room for their waiters."""
+        self._dirty_nodes.update(nodes)
+        self._room_nodes.update(nodes)
+
+    def room_marked(self, nodes: AbstractSet[str]) -> bool:
+        """Whether room may have appeared on any of ``nodes`` since the last take."""
+        return bool(nodes & self._room_nodes)
+
+    def take_room(self) -> set[str]:
+        """The nodes marked for room since the last take; none are marked after it."""
+        nodes, self._room_nodes = self._room_nodes, set()
+        return nodes
 
     # -- records ---------------------------------------------------------------------------
 
@@ -188,8 +207,8 @@ class State:
         if self.holders.get(record.entry_id) == record.uid:
             del self.holders[record.entry_id]
         self._dirty_nodes.add(record.node)
-        self.room_nodes.add(record.node)  # room may have appeared for a waiting one
-        self.room_nodes |= self.ledger.quota_waiters(record.namespace)  # ... or in its quota
+        self._room_nodes.add(record.node)  # room may have appeared for a waiting one
+        self._room_nodes |= self.ledger.quota_waiters(record.namespace)  # ... or in its quota
         if record.pod:
             key = (record.namespace, record.pod)
             owned = self.owned.get(key)
@@ -219,7 +238,7 @@ class State:
             del self.waiters[record.entry_id]
             self.ledger.waiting.remove(record.entry_id)
             self._dirty_nodes.add(record.node)
-            self.room_nodes.add(record.node)  # under strict FIFO the next one may go now
+            self._room_nodes.add(record.node)  # under strict FIFO the next one may go now
 
     def forget(self, uid: str, now: float) -> Record | None:
         """The object is gone: release what it held, drop its record, leave a tombstone."""
