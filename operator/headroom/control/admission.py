@@ -299,10 +299,9 @@ class Admission:
         """Decide what waits: refuse those whose wait ran out, admit those that fit now."""
         state, now = self._state, self._clock.now()
         for verdict in state.ledger.wait_over(now):
-            record = self._waiting_record(verdict.entry.id)
+            record = state.waiting_record(verdict.entry.id)
             if record is not None:
-                state.waiters.pop(record.entry_id, None)
-                state.mark_room(record.node)  # strict FIFO: the next one may go now
+                state.wait_ended(record)
                 self._decide_again(record, Phase.REJECTED, verdict.reason, verdict.message)
         nodes = state.take_room()
         self._room_on(nodes)
@@ -312,7 +311,7 @@ class Admission:
         state.mark_room(*(nodes & undecided.keys()))  # settled again once those are decided
         admitted = state.ledger.admit_waiting(now, nodes, strict=self._strict, undecided=undecided)
         for verdict in admitted:
-            record = self._waiting_record(verdict.entry.id)
+            record = state.waiting_record(verdict.entry.id)
             if record is None:  # cannot happen: every waiting entry has its record
                 state.ledger.release(verdict.entry.id)
                 continue
@@ -341,10 +340,6 @@ class Admission:
             if node is not None and (node not in oldest or key < oldest[node]):
                 oldest[node] = key
         return oldest
-
-    def _waiting_record(self, entry_id: str) -> Record | None:
-        uid = self._state.waiters.get(entry_id)
-        return self._state.records.get(uid) if uid is not None else None
 
     def _decide_again(
         self,

@@ -126,7 +126,7 @@ class State:
         self.slice_seen: dict[str, float] = {}  # slice -> when a watch last told us of it
         self._dirty_nodes: set[str] = set()  # nodes whose NodeHeadroom is to be written again
         self._room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now
-        self.waiters: dict[str, str] = {}  # entry id of a waiting reservation -> its uid
+        self._waiters: dict[str, str] = {}  # entry id of a waiting reservation -> its uid
         self.stamper = Stamper(None)  # replaced at start when a decision key is configured
 
     # -- nodes whose summary or queue changed -------------------------------------------------
@@ -180,15 +180,15 @@ class State:
         if record.held:
             self.hold(record)
         elif record.decision.phase == Phase.QUEUED:
-            self.waiters[record.entry_id] = record.uid
+            self._waiters[record.entry_id] = record.uid
             self._dirty_nodes.add(record.node)
         return True
 
     def hold(self, record: Record) -> None:
         """Link an admitted record to the entry the ledger now holds for it."""
         self.holders[record.entry_id] = record.uid
-        if self.waiters.get(record.entry_id) == record.uid:
-            del self.waiters[record.entry_id]
+        if self._waiters.get(record.entry_id) == record.uid:
+            del self._waiters[record.entry_id]
         self._dirty_nodes.add(record.node)
         if record.pod:
             self.owned.setdefault((record.namespace, record.pod), set()).add(record.uid)
@@ -232,10 +232,20 @@ class State:
             self.stop_waiting(record)
         return record
 
+    def waiting_record(self, entry_id: str) -> Record | None:
+        """The record of the reservation waiting as ``entry_id`` in its node's queue."""
+        uid = self._waiters.get(entry_id)
+        return self.records.get(uid) if uid is not None else None
+
+    def wait_ended(self, record: Record) -> None:
+        """The ledger ended this record's wait (refused it): it leaves its node's queue."""
+        self._waiters.pop(record.entry_id, None)
+        self._room_nodes.add(record.node)  # strict FIFO: the next one may go now
+
     def stop_waiting(self, record: Record) -> None:
         """A waiting record leaves its node's queue (decided, timed out, or gone)."""
-        if self.waiters.get(record.entry_id) == record.uid:
-            del self.waiters[record.entry_id]
+        if self._waiters.get(record.entry_id) == record.uid:
+            del self._waiters[record.entry_id]
             self.ledger.waiting.remove(record.entry_id)
             self._dirty_nodes.add(record.node)
             self._room_nodes.add(record.node)  # under strict FIFO the next one may go now

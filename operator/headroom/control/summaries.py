@@ -119,7 +119,7 @@ class Summaries:
         writes: list[Coroutine[Any, Any, None]] = []
         for node in nodes:
             for number, waiting in enumerate(state.ledger.waiting.on(node), 1):
-                record = state.records.get(state.waiters.get(waiting.entry.id, ""))
+                record = state.waiting_record(waiting.entry.id)
                 if record is None or record.decision.position == number:
                     continue
                 if not record.confirmed:  # its decision, when written, carries the new place
