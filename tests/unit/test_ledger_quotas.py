@@ -551,7 +551,7 @@ def test_quota_waiters_are_the_nodes_of_those_waiting_for_a_quota_shared() -> No
     assert book.quota_waiters("web") == {"n3"}
     assert book.quota_waiters("loose") == set()
     assert book.quota_waiters() == {"n1", "n2", "n3"}
-    book.waiting.remove("web/c")
+    book.stop_waiting("web/c")
     assert book.quota_waiters() == {"n1", "n2"}
     # A waiter re-decided on the node's room is no longer one of the quota's.
     book.release("ml/held")

@@ -246,7 +246,7 @@ class State:
         """A waiting record leaves its node's queue (decided, timed out, or gone)."""
         if self._waiters.get(record.entry_id) == record.uid:
             del self._waiters[record.entry_id]
-            self.ledger.waiting.remove(record.entry_id)
+            self.ledger.stop_waiting(record.entry_id)
             self._dirty_nodes.add(record.node)
             self._room_nodes.add(record.node)  # under strict FIFO the next one may go now
 

@@ -46,7 +46,7 @@ from headroom.ledger.entry import Entry
 from headroom.ledger.external import ClaimKey, DraClaim, ExternalHoldings
 from headroom.ledger.node import NodeState
 from headroom.ledger.pods import PodKey, PodRequests
-from headroom.ledger.queue import Waiting, WaitQueues
+from headroom.ledger.queue import Waiting, WaitingView, WaitQueues
 from headroom.ledger.quotas import Quotas, namespace_of
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
@@ -62,7 +62,7 @@ class Ledger:
         self._reserved_mb = self._released_mb = self._reclaimed_mb = 0
         self._restored_mb = 0  # held again at a start, not admitted by this ledger
         self._failures: Counter[Reason] = Counter()
-        self.waiting = WaitQueues()
+        self._waiting = WaitQueues()
         self.pods = PodRequests()
         self.external = ExternalHoldings()  # GPUs held outside Headroom (ledger.external)
         self.quotas = Quotas()
@@ -178,11 +178,29 @@ class Ledger:
     def quota_waiters(self, namespace: str | None = None) -> set[str]:
         """Nodes whose waiters may fit now that ``namespace`` released memory, or (None) a
         quota or a namespace's labels changed: those waiting for a quota it shares."""
-        if not self.waiting.any_for_quota:
+        if not self._waiting.any_for_quota:
             return set()
         if namespace is None:
-            return self.waiting.for_quota()
-        return self.waiting.for_quota(partial(self.quotas.share, namespace))
+            return self._waiting.for_quota()
+        return self._waiting.for_quota(partial(self.quotas.share, namespace))
+
+    @property
+    def waiting(self) -> WaitingView:
+        """What waits for room, read-only: :meth:`reserve_or_wait`, :meth:`requeue`,
+        :meth:`stop_waiting` and the ledger's own decisions change it."""
+        return self._waiting
+
+    def requeue(self, entry: Entry, until: datetime, *, for_quota: bool = False) -> int:
+        """Put back in its node's queue, waiting until ``until``, a reservation that waited
+        before a start (not decided again); its position there (1 is next). The lifetime
+        its quota gives ends its wait as before the start, not its wait alone."""
+        given = self.quotas.expiry(entry) if entry.expires_at is None else None
+        return self._waiting.add(entry, until, for_quota=for_quota, expires=given)
+
+    def stop_waiting(self, entry_id: str) -> Entry | None:
+        """The reservation waits no more (decided by its owner, or gone); its entry, if
+        it waited."""
+        return self._waiting.remove(entry_id)
 
     def knows(self, node: str) -> bool:
         """Whether the node's capacity is known, so that admission can be decided on it."""
@@ -243,7 +261,7 @@ class Ledger:
         reason, message = refusal
         if until is not None and until > now and reason in WAITABLE:
             given = self.quotas.expiry(entry) if entry.expires_at is None else None
-            position = self.waiting.add(
+            position = self._waiting.add(
                 entry,
                 until,
                 # Refused by its quota, or waiting only behind others of its quota.
@@ -270,7 +288,7 @@ class Ledger:
         for_room = for_quota = 0
         if strict:
             shares = partial(self.quotas.share, namespace_of(entry.id))
-            for_room, for_quota = self.waiting.ahead_of(entry, shares)
+            for_room, for_quota = self._waiting.ahead_of(entry, shares)
         ahead = for_room + for_quota
         # Waiters ahead make it wait too, unless it is refused for good: then it is
         # refused at once (a wait would only run out).
@@ -383,24 +401,24 @@ class Ledger:
         for node in sorted(set(nodes)):
             oldest_undecided = (undecided or {}).get(node)
             held_back: list[str] = []  # namespaces whose quota's head waits on this node
-            for waiting in self.waiting.on(node):
+            for waiting in self._waiting.on(node):
                 entry = waiting.entry
                 namespace = namespace_of(entry.id)
                 if any(self.quotas.share(namespace, head) for head in held_back):
                     # Behind the head of its own quota: it waits for that quota too.
-                    self.waiting.still_refused(entry.id, for_quota=True)
+                    self._waiting.still_refused(entry.id, for_quota=True)
                     continue
                 if strict and oldest_undecided and oldest_undecided < waiting.key:
                     break  # an older one, not decided yet, goes first
                 refusal = self._refusal(entry, now)
                 if refusal is None:
-                    self.waiting.remove(entry.id)
+                    self._waiting.remove(entry.id)
                     admitted.append(self.reserve(entry, now))
                     before_last_admission = len(passed)
                     continue
                 # Refused by its quota (even for good, as it changed since), or found
                 # expired: it holds back no one on the node.
-                self.waiting.still_refused(
+                self._waiting.still_refused(
                     entry.id,
                     for_quota=refusal[0] in QUOTA_REASONS or refusal[0] == Reason.ALREADY_EXPIRED,
                 )
@@ -421,7 +439,7 @@ class Ledger:
         for waiting in passed:
             refusal = self._refusal(waiting.entry, now)
             if refusal is not None:
-                self.waiting.still_refused(
+                self._waiting.still_refused(
                     waiting.entry_id,
                     for_quota=refusal[0] in QUOTA_REASONS or refusal[0] == Reason.ALREADY_EXPIRED,
                 )
@@ -429,7 +447,7 @@ class Ledger:
     def wait_over(self, now: datetime) -> list[Decision]:
         """Waiting reservations whose wait, or hard expiry, ran out: refused now."""
         refused = []
-        for waiting in self.waiting.due(now):
+        for waiting in self._waiting.due(now):
             entry = waiting.entry
             expiry = entry.expires_at or self.quotas.expiry(entry)  # its own, or its quota's
             if expiry is not None and expiry <= now:
@@ -438,7 +456,7 @@ class Ledger:
                     f"expired at {expiry.isoformat()} while waiting for room",
                 )
             elif waiting.until > now:  # its quota gives a longer lifetime now: waits on
-                self.waiting.add(entry, waiting.until, for_quota=waiting.for_quota, expires=expiry)
+                self._waiting.add(entry, waiting.until, for_quota=waiting.for_quota, expires=expiry)
                 continue
             else:
                 reason = Reason.WAIT_TIMEOUT
@@ -461,12 +479,12 @@ class Ledger:
         rather than leave it gated for its whole wait (24 h by default) for what cannot
         come. Other waiters wait on: their owners chose the node and the wait."""
         refused = []
-        for node in self.waiting.nodes():
-            for waiting in self.waiting.on(node):
+        for node in self._waiting.nodes():
+            for waiting in self._waiting.on(node):
                 entry = waiting.entry
                 refusal = self.quotas.final_refusal(entry) if entry.pod_lifetime else None
                 if refusal is not None:
-                    self.waiting.remove(entry.id)
+                    self._waiting.remove(entry.id)
                     self._failures[refusal[0]] += 1
                     refused.append(Decision(False, refusal[0], refusal[1], entry))
         return refused
@@ -635,7 +653,7 @@ class Ledger:
         while heap and self._live.get(heap[0][2]) != heap[0][1]:
             heapq.heappop(heap)
         deadlines = [heap[0][0]] if heap else []
-        if (waiting := self.waiting.next_deadline()) is not None:
+        if (waiting := self._waiting.next_deadline()) is not None:
             deadlines.append(waiting)
         return min(deadlines, default=None)
 
@@ -710,7 +728,7 @@ class Ledger:
 
     def node_summary(self, node: str, now: datetime) -> NodeSummary:
         summary = summarize(self._nodes.get(node) or NodeState(node, self.limits), now)
-        queued, queued_mb = self.waiting.totals(node)
+        queued, queued_mb = self._waiting.totals(node)
         return replace(summary, queued_entries=queued, queued_ram_mb=queued_mb)
 
     def summary(self, now: datetime) -> ClusterSummary:
