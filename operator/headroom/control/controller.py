@@ -99,7 +99,7 @@ class Controller:
         self.supervisor = supervisor or Supervisor()
         self._follow_watches = follow_watches
         self.state = state = State(config.limits.to_limits())
-        state.ledger.quotas.deny_unselected = config.quotas.unselected_namespaces == "Deny"
+        state.ledger.set_deny_unselected(config.quotas.unselected_namespaces == "Deny")
         self.events = events or EventRecorder(transport, clock=self.clock)
         self.ready = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()

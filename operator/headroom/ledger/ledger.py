@@ -47,7 +47,7 @@ from headroom.ledger.external import ClaimKey, DraClaim, ExternalHoldings
 from headroom.ledger.node import NodeState
 from headroom.ledger.pods import PodKey, PodRequests
 from headroom.ledger.queue import Waiting, WaitingView, WaitQueues
-from headroom.ledger.quotas import Quotas, namespace_of
+from headroom.ledger.quotas import QuotaRules, Quotas, QuotaView, namespace_of
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
 
@@ -65,7 +65,7 @@ class Ledger:
         self._waiting = WaitQueues()
         self.pods = PodRequests()
         self.external = ExternalHoldings()  # GPUs held outside Headroom (ledger.external)
-        self.quotas = Quotas()
+        self._quotas = Quotas()
         self._quota_changes_seen = 0  # Quotas.changes when pods' waiters were last looked at
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
@@ -147,7 +147,34 @@ class Ledger:
 
     def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
         """The Node's labels, for the quotas' nodeSelectors (None: the Node is gone)."""
-        self.quotas.set_node_labels(node, labels)
+        self._quotas.set_node_labels(node, labels)
+
+    # -- quotas (headroom.ledger.quotas) ------------------------------------------------------
+
+    @property
+    def quotas(self) -> QuotaView:
+        """The quotas and what their namespaces hold, read-only: the methods below change them."""
+        return self._quotas
+
+    def set_quota(self, rules: QuotaRules) -> None:
+        """A HeadroomQuota created or changed (:meth:`Quotas.set_quota`)."""
+        self._quotas.set_quota(rules)
+
+    def remove_quota(self, name: str) -> bool:
+        """A HeadroomQuota deleted, or unusable; whether it was there."""
+        return self._quotas.remove_quota(name)
+
+    def set_namespace(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """A Namespace seen with these labels; whether what governs it changed."""
+        return self._quotas.set_namespace(namespace, labels)
+
+    def remove_namespace(self, namespace: str) -> None:
+        """The Namespace is gone (:meth:`Quotas.remove_namespace`)."""
+        self._quotas.remove_namespace(namespace)
+
+    def set_deny_unselected(self, deny: bool) -> None:
+        """Whether a namespace no quota selects may hold nothing (else: no limit)."""
+        self._quotas.deny_unselected = deny
 
     def over_committed_devices(self, node: str) -> list[device_math.OverCommit]:
         """Devices of ``node`` holding more than their limit, or gone while held."""
@@ -182,7 +209,7 @@ class Ledger:
             return set()
         if namespace is None:
             return self._waiting.for_quota()
-        return self._waiting.for_quota(partial(self.quotas.share, namespace))
+        return self._waiting.for_quota(partial(self._quotas.share, namespace))
 
     @property
     def waiting(self) -> WaitingView:
@@ -194,7 +221,7 @@ class Ledger:
         """Put back in its node's queue, waiting until ``until``, a reservation that waited
         before a start (not decided again); its position there (1 is next). The lifetime
         its quota gives ends its wait as before the start, not its wait alone."""
-        given = self.quotas.expiry(entry) if entry.expires_at is None else None
+        given = self._quotas.expiry(entry) if entry.expires_at is None else None
         return self._waiting.add(entry, until, for_quota=for_quota, expires=given)
 
     def stop_waiting(self, entry_id: str) -> Entry | None:
@@ -260,7 +287,7 @@ class Ledger:
             return self.reserve(entry, now)
         reason, message = refusal
         if until is not None and until > now and reason in WAITABLE:
-            given = self.quotas.expiry(entry) if entry.expires_at is None else None
+            given = self._quotas.expiry(entry) if entry.expires_at is None else None
             position = self._waiting.add(
                 entry,
                 until,
@@ -287,7 +314,7 @@ class Ledger:
     ) -> tuple[tuple[Reason, str] | None, int]:
         for_room = for_quota = 0
         if strict:
-            shares = partial(self.quotas.share, namespace_of(entry.id))
+            shares = partial(self._quotas.share, namespace_of(entry.id))
             for_room, for_quota = self._waiting.ahead_of(entry, shares)
         ahead = for_room + for_quota
         # Waiters ahead make it wait too, unless it is refused for good: then it is
@@ -363,7 +390,7 @@ class Ledger:
         worked out once: a scheduler's filter asks it of a thousand nodes per pod."""
         home, out = entry.node, {}
         before_node = self._entry_refusal(entry, now)
-        alike = self.quotas.node_independent(namespace_of(entry.id))
+        alike = self._quotas.node_independent(namespace_of(entry.id))
         by_quota = self._quota_refusal(entry, now) if before_node is None and alike else None
         try:
             for node in nodes:
@@ -404,7 +431,7 @@ class Ledger:
             for waiting in self._waiting.on(node):
                 entry = waiting.entry
                 namespace = namespace_of(entry.id)
-                if any(self.quotas.share(namespace, head) for head in held_back):
+                if any(self._quotas.share(namespace, head) for head in held_back):
                     # Behind the head of its own quota: it waits for that quota too.
                     self._waiting.still_refused(entry.id, for_quota=True)
                     continue
@@ -449,7 +476,7 @@ class Ledger:
         refused = []
         for waiting in self._waiting.due(now):
             entry = waiting.entry
-            expiry = entry.expires_at or self.quotas.expiry(entry)  # its own, or its quota's
+            expiry = entry.expires_at or self._quotas.expiry(entry)  # its own, or its quota's
             if expiry is not None and expiry <= now:
                 reason, message = (
                     Reason.ALREADY_EXPIRED,
@@ -467,8 +494,8 @@ class Ledger:
                 )
             self._failures[reason] += 1
             refused.append(Decision(False, reason, message, entry))
-        if self.quotas.changes != self._quota_changes_seen:
-            self._quota_changes_seen = self.quotas.changes
+        if self._quotas.changes != self._quota_changes_seen:
+            self._quota_changes_seen = self._quotas.changes
             refused.extend(self._pods_refused_for_good())
         return refused
 
@@ -482,7 +509,7 @@ class Ledger:
         for node in self._waiting.nodes():
             for waiting in self._waiting.on(node):
                 entry = waiting.entry
-                refusal = self.quotas.final_refusal(entry) if entry.pod_lifetime else None
+                refusal = self._quotas.final_refusal(entry) if entry.pod_lifetime else None
                 if refusal is not None:
                     self._waiting.remove(entry.id)
                     self._failures[refusal[0]] += 1
@@ -518,10 +545,10 @@ class Ledger:
 
     def _quota_refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
         """Why its namespace's quotas refuse it, or the lifetime they give ran out."""
-        refused_by_quota = self.quotas.refusal(entry)
+        refused_by_quota = self._quotas.refusal(entry)
         if refused_by_quota is not None:
             return refused_by_quota
-        given = self.quotas.expiry(entry) if entry.expires_at is None else None
+        given = self._quotas.expiry(entry) if entry.expires_at is None else None
         if given is not None and given <= now:
             return Reason.ALREADY_EXPIRED, (
                 f"the lifetime its quota gives ran out at {given.isoformat()} "
@@ -532,11 +559,11 @@ class Ledger:
     def _give_expiry(self, entry: Entry) -> None:
         """An entry admitted without an expiry lives as long as its quota gives."""
         if entry.expires_at is None:
-            entry.expires_at = entry.given_expiry = self.quotas.expiry(entry)
+            entry.expires_at = entry.given_expiry = self._quotas.expiry(entry)
 
     def _add(self, state: NodeState, entry: Entry, *, restored: bool = False) -> None:
         state.add(entry)
-        self.quotas.add(entry)
+        self._quotas.add(entry)
         self._entries[entry.id] = entry
         if restored:
             self._restored_mb += entry.ram_mb
@@ -564,7 +591,7 @@ class Ledger:
         self._live.pop(entry_id, None)
         state = self._nodes[entry.node]
         state.remove(entry_id)
-        self.quotas.remove(entry)
+        self._quotas.remove(entry)
         self._claimed(entry, -1)
         if not state.entries and not state.known:
             del self._nodes[entry.node]
