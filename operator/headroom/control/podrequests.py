@@ -104,7 +104,7 @@ class PodRequestsFeed:
         ledger = self._state.ledger
         log.info(
             "pods' memory requests: %d bound pods; %d holding device-plugin GPUs",
-            len(ledger.pods),
-            ledger.external.pods_with_gpus(),
+            ledger.bound_pods(),
+            ledger.pods_with_gpus(),
         )
         return str(version)

@@ -100,7 +100,7 @@ class ResourceClaims(DraFeed):
         if version is not None:
             log.info(
                 "ResourceClaims: %d allocated on devices of %s",
-                self._state.ledger.external.claims_allocated(),
+                self._state.ledger.claims_allocated(),
                 ", ".join(sorted(self._drivers)),
             )
         return version

@@ -63,8 +63,8 @@ class Ledger:
         self._restored_mb = 0  # held again at a start, not admitted by this ledger
         self._failures: Counter[Reason] = Counter()
         self._waiting = WaitQueues()
-        self.pods = PodRequests()
-        self.external = ExternalHoldings()  # GPUs held outside Headroom (ledger.external)
+        self._pods = PodRequests()
+        self._external = ExternalHoldings()  # GPUs held outside Headroom (ledger.external)
         self._quotas = Quotas()
         self._quota_changes_seen = 0  # Quotas.changes when pods' waiters were last looked at
 
@@ -73,35 +73,47 @@ class Ledger:
     def _node(self, name: str) -> NodeState:
         state = self._nodes.get(name)
         if state is None:
-            state = self._nodes[name] = NodeState(name, self.limits, external=self.external)
-            state.pod_requests_mb = self.pods.on(name)
+            state = self._nodes[name] = NodeState(name, self.limits, external=self._external)
+            state.pod_requests_mb = self._pods.on(name)
         return state
 
     # -- pods placed by the scheduler (headroom.ledger.pods) ------------------------------
 
     def set_pod_request(self, key: PodKey, node: str, request_mb: int) -> set[str]:
         """A pod bound to ``node`` requests ``request_mb``; the nodes whose limit moved."""
-        return self._apply(self.pods.set_pod(key, node, request_mb))
+        return self._apply(self._pods.set_pod(key, node, request_mb))
 
     def remove_pod_request(self, key: PodKey) -> set[str]:
-        return self._apply(self.pods.remove_pod(key))
+        return self._apply(self._pods.remove_pod(key))
 
     def _apply(self, nodes: set[str]) -> set[str]:
         for node in nodes:
             state = self._nodes.get(node)
             if state is not None:
-                state.pod_requests_mb = self.pods.on(node)
+                state.pod_requests_mb = self._pods.on(node)
         return nodes
 
     # -- GPUs held outside Headroom (headroom.ledger.external) ----------------------------
 
     def set_resource_claim(self, key: ClaimKey, claim: DraClaim | None) -> set[str]:
         """A DRA ResourceClaim's allocation (None: deallocated or gone); the nodes it moved."""
-        return self._touch(self.external.set_claim(key, claim))
+        return self._touch(self._external.set_claim(key, claim))
 
     def set_device_plugin_pod(self, key: PodKey, node: str | None, gpus: int) -> set[str]:
         """A pod bound to ``node`` holds ``gpus`` device-plugin GPUs (None or 0: none)."""
-        return self._touch(self.external.set_pod(key, node, gpus))
+        return self._touch(self._external.set_pod(key, node, gpus))
+
+    def bound_pods(self) -> int:
+        """How many pods the scheduler bound count here with their memory requests."""
+        return len(self._pods)
+
+    def pods_with_gpus(self) -> int:
+        """How many pods hold device-plugin GPUs."""
+        return self._external.pods_with_gpus()
+
+    def claims_allocated(self) -> int:
+        """How many DRA ResourceClaims hold devices."""
+        return self._external.claims_allocated()
 
     def _touch(self, nodes: set[str]) -> set[str]:
         for node in nodes:
@@ -114,7 +126,7 @@ class Ledger:
         if entry.owner.pod:
             namespace = entry.id.split("/", 1)[0]
             key = (namespace, entry.owner.pod)
-            self._apply(self.pods.claim(key, entry.node, sign * entry.ram_mb))
+            self._apply(self._pods.claim(key, entry.node, sign * entry.ram_mb))
 
     def set_node_capacity(
         self,
@@ -142,7 +154,7 @@ class Ledger:
         the node had an inventory, or before the upgrade that brought devices) are
         placed now, oldest first, so that new claims see them.
         """
-        self.external.set_devices(node, devices)
+        self._external.set_devices(node, devices)
         self._node(node).set_devices(devices)
 
     def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
@@ -190,7 +202,7 @@ class Ledger:
         state = self._nodes.get(node)
         if state is None:
             return
-        self.external.set_devices(node, None)
+        self._external.set_devices(node, None)
         if state.entries:
             old_window = state.limits.heartbeat_stale_window
             state.total_ram_mb = state.vram_mb = state.devices = None
