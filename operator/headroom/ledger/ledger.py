@@ -53,7 +53,7 @@ from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, alloca
 
 class Ledger:
     def __init__(self, limits: Limits) -> None:
-        self.limits = limits
+        self._limits = limits
         self._nodes: dict[str, NodeState] = {}
         self._entries: dict[str, Entry] = {}
         self._deadlines: list[tuple[datetime, int, str]] = []
@@ -73,7 +73,7 @@ class Ledger:
     def _node(self, name: str) -> NodeState:
         state = self._nodes.get(name)
         if state is None:
-            state = self._nodes[name] = NodeState(name, self.limits, external=self._external)
+            state = self._nodes[name] = NodeState(name, self._limits, external=self._external)
             state.pod_requests_mb = self._pods.on(name)
         return state
 
@@ -139,7 +139,7 @@ class Ledger:
         state = self._node(node)
         old_window = state.limits.heartbeat_stale_window
         state.total_ram_mb, state.vram_mb = total_ram_mb, vram_mb
-        state.limits = limits or self.limits
+        state.limits = limits or self._limits
         state.changed()
         if state.limits.heartbeat_stale_window < old_window:
             for entry in state.entries.values():  # deadlines moved earlier
@@ -206,7 +206,7 @@ class Ledger:
         if state.entries:
             old_window = state.limits.heartbeat_stale_window
             state.total_ram_mb = state.vram_mb = state.devices = None
-            state.limits = self.limits
+            state.limits = self._limits
             state.changed()
             if state.limits.heartbeat_stale_window < old_window:
                 for entry in state.entries.values():
@@ -251,9 +251,14 @@ class Ledger:
         state = self._nodes.get(node)
         return (state.total_ram_mb, state.vram_mb) if state is not None else (None, None)
 
+    @property
+    def limits(self) -> Limits:
+        """The default limits: a node's own, if any, are :meth:`limits_for` it."""
+        return self._limits
+
     def limits_for(self, node: str) -> Limits:
         state = self._nodes.get(node)
-        return state.limits if state is not None else self.limits
+        return state.limits if state is not None else self._limits
 
     def nodes(self) -> list[str]:
         return list(self._nodes)
@@ -766,7 +771,7 @@ class Ledger:
         return allocatable(state) if state else 0
 
     def node_summary(self, node: str, now: datetime) -> NodeSummary:
-        summary = summarize(self._nodes.get(node) or NodeState(node, self.limits), now)
+        summary = summarize(self._nodes.get(node) or NodeState(node, self._limits), now)
         queued, queued_mb = self._waiting.totals(node)
         return replace(summary, queued_entries=queued, queued_ram_mb=queued_mb)
 
