@@ -49,7 +49,7 @@ def state(nodes: dict[str, tuple[int, dict[str, str]]], *quotas: QuotaRules) -> 
     for name, (ram, labels) in nodes.items():
         built.ledger.set_node_capacity(name, ram)
         built.ledger.set_node_labels(name, labels)
-        built.node_facts[name] = NodeFacts(name, labels)
+        built.set_node_facts(name, NodeFacts(name, labels))
     built.ledger.set_namespace("ml", {"team": "ml"})
     for rules in quotas:
         built.ledger.set_quota(rules)

@@ -72,26 +72,21 @@ class Nodes:
             return
         state = self._state
         if listed_at is None:
-            state.node_seen[name] = self._clock.monotonic()
-        elif state.node_seen.get(name, float("-inf")) >= listed_at:
+            state.saw_node(name, self._clock.monotonic())
+        elif state.node_seen_since(name, listed_at):
             return  # a watch event since the snapshot was asked for may be newer
         if event_type == DELETED:
-            state.node_uids.pop(name, None)
-            state.node_labels.pop(name, None)
-            state.ledger.set_node_labels(name, None)
-            state.node_facts.pop(name, None)
-            state.ledger.remove_node(name)
+            state.remove_node(name)
             self._bad_values.pop(name, None)
             self._inventories.forget(name)
             self._last.pop(name, None)
             self._tasks.spawn(self._delete_summary(name))
             self._changed()
             return
-        state.node_uids[name] = meta.get("uid", "")
+        state.set_node_uid(name, meta.get("uid", ""))
         labels = meta.get("labels") or {}
-        state.node_labels[name] = {str(k): str(v) for k, v in labels.items()}
-        state.ledger.set_node_labels(name, state.node_labels[name])  # quotas' nodeSelectors
-        state.node_facts[name] = node_facts(obj)
+        state.set_node_labels(name, {str(k): str(v) for k, v in labels.items()})
+        state.set_node_facts(name, node_facts(obj))
         capacity = node_capacity(obj, state.limits, self._config.ram_source)
         if capacity.problems and capacity.problems != self._bad_values.get(name):
             self._events.record(
@@ -137,7 +132,7 @@ class Nodes:
             listed.add((node.get("metadata") or {}).get("name"))
             self.on_node(None, node, listed_at=started)
         for name in [n for n in self._state.node_uids if n not in listed]:
-            if self._state.node_seen.get(name, float("-inf")) < started:
+            if not self._state.node_seen_since(name, started):
                 await self._read_back(name)
         return version
 

@@ -19,7 +19,7 @@ points, so no other task ever sees it half done.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -114,20 +114,77 @@ class State:
         self.forgotten: dict[str, float] = {}  # uid -> when its object was known gone
         self.pods: dict[PodKey, SeenPod] = {}  # labelled pods
         self.owned: dict[PodKey, set[str]] = {}  # owner pod -> uids it holds
-        self.node_uids: dict[str, str] = {}
-        self.node_labels: dict[str, dict[str, str]] = {}  # copied onto its NodeHeadroom
-        self.node_facts: dict[str, NodeFacts] = {}  # what says which pods may run there
-        self.node_seen: dict[str, float] = {}  # node -> when a watch last told us of it
+        self._node_uids: dict[str, str] = {}
+        self._node_labels: dict[str, dict[str, str]] = {}  # copied onto its NodeHeadroom
+        self._node_facts: dict[str, NodeFacts] = {}  # what says which pods may run there
+        self._node_seen: dict[str, float] = {}  # node -> when a watch last told us of it
         # Node-local ResourceSlices (headroom.control.slices): by name, and by spec.nodeName.
         self.slices: dict[str, JSON] = {}
         self.slices_by_node: dict[str, set[str]] = {}
         #: Where each node's GPU devices were read (ResourceSlice, HAMi, GFD), for its summary.
-        self.gpu_sources: dict[str, str] = {}
+        self._gpu_sources: dict[str, str] = {}
         self.slice_seen: dict[str, float] = {}  # slice -> when a watch last told us of it
         self._dirty_nodes: set[str] = set()  # nodes whose NodeHeadroom is to be written again
         self._room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now
         self._waiters: dict[str, str] = {}  # entry id of a waiting reservation -> its uid
         self.stamper = Stamper(None)  # replaced at start when a decision key is configured
+
+    # -- Nodes (headroom.control.nodes) ------------------------------------------------------
+
+    @property
+    def node_uids(self) -> Mapping[str, str]:
+        """The Nodes there are: name -> uid (what owns its NodeHeadroom)."""
+        return self._node_uids
+
+    @property
+    def node_labels(self) -> Mapping[str, dict[str, str]]:
+        """Each Node's labels, as last seen (copied onto its NodeHeadroom)."""
+        return self._node_labels
+
+    @property
+    def node_facts(self) -> Mapping[str, NodeFacts]:
+        """What says which pods may run on each Node."""
+        return self._node_facts
+
+    @property
+    def gpu_sources(self) -> Mapping[str, str]:
+        """Where each node's GPU devices were read (ResourceSlice, HAMi, GFD), for its summary."""
+        return self._gpu_sources
+
+    def saw_node(self, name: str, at: float) -> None:
+        """A watch told of the Node at monotonic time ``at`` (a list asked before is older)."""
+        self._node_seen[name] = at
+
+    def node_seen_since(self, name: str, moment: float) -> bool:
+        """Whether a watch told of the Node at or after ``moment`` (a list from then is stale)."""
+        return self._node_seen.get(name, float("-inf")) >= moment
+
+    def set_node_uid(self, name: str, uid: str) -> None:
+        self._node_uids[name] = uid
+
+    def set_node_labels(self, name: str, labels: dict[str, str]) -> None:
+        """The Node's labels: for its NodeHeadroom, and the quotas' nodeSelectors."""
+        self._node_labels[name] = labels
+        self.ledger.set_node_labels(name, labels)
+
+    def set_node_facts(self, name: str, facts: NodeFacts) -> None:
+        self._node_facts[name] = facts
+
+    def set_gpu_source(self, name: str, source: str | None) -> None:
+        """Where the node's GPU devices were read; None: nowhere (or the Node is gone)."""
+        if source is not None:
+            self._gpu_sources[name] = source
+        else:
+            self._gpu_sources.pop(name, None)
+
+    def remove_node(self, name: str) -> None:
+        """The Node is gone: what was known of it, its labels and capacity in the ledger too
+        (what the ledger holds there stays until released or reclaimed)."""
+        self._node_uids.pop(name, None)
+        self._node_labels.pop(name, None)
+        self.ledger.set_node_labels(name, None)
+        self._node_facts.pop(name, None)
+        self.ledger.remove_node(name)
 
     # -- nodes whose summary or queue changed -------------------------------------------------
 
