@@ -119,11 +119,11 @@ class State:
         self._node_facts: dict[str, NodeFacts] = {}  # what says which pods may run there
         self._node_seen: dict[str, float] = {}  # node -> when a watch last told us of it
         # Node-local ResourceSlices (headroom.control.slices): by name, and by spec.nodeName.
-        self.slices: dict[str, JSON] = {}
-        self.slices_by_node: dict[str, set[str]] = {}
+        self._slices: dict[str, JSON] = {}
+        self._slices_by_node: dict[str, set[str]] = {}
         #: Where each node's GPU devices were read (ResourceSlice, HAMi, GFD), for its summary.
         self._gpu_sources: dict[str, str] = {}
-        self.slice_seen: dict[str, float] = {}  # slice -> when a watch last told us of it
+        self._slice_seen: dict[str, float] = {}  # slice -> when a watch last told us of it
         self._dirty_nodes: set[str] = set()  # nodes whose NodeHeadroom is to be written again
         self._room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now
         self._waiters: dict[str, str] = {}  # entry id of a waiting reservation -> its uid
@@ -185,6 +185,49 @@ class State:
         self.ledger.set_node_labels(name, None)
         self._node_facts.pop(name, None)
         self.ledger.remove_node(name)
+
+    # -- ResourceSlices (headroom.control.slices) --------------------------------------------
+
+    @property
+    def slices(self) -> Mapping[str, JSON]:
+        """The node-local ResourceSlices kept, by name."""
+        return self._slices
+
+    @property
+    def slices_by_node(self) -> Mapping[str, AbstractSet[str]]:
+        """The names of the slices kept, by their ``spec.nodeName``."""
+        return self._slices_by_node
+
+    def keep_slice(self, name: str, node: str, obj: JSON) -> None:
+        """Keep slice ``name``, local to ``node``."""
+        self._slices[name] = obj
+        self._slices_by_node.setdefault(node, set()).add(name)
+
+    def pop_slice(self, name: str) -> JSON | None:
+        """Stop keeping slice ``name``; what was kept (then :meth:`unindex_slice` its node)."""
+        return self._slices.pop(name, None)
+
+    def unindex_slice(self, name: str, node: str) -> None:
+        """Slice ``name``, no longer kept, is no longer counted local to ``node``."""
+        names = self._slices_by_node.get(node)
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del self._slices_by_node[node]
+
+    def saw_slice(self, name: str, at: float) -> None:
+        """A watch told of the slice at monotonic time ``at`` (a list asked before is older)."""
+        self._slice_seen[name] = at
+
+    def slice_seen_since(self, name: str, moment: float) -> bool:
+        """Whether a watch told of the slice at or after ``moment`` (a list then is stale)."""
+        return self._slice_seen.get(name, float("-inf")) >= moment
+
+    def prune_slice_times(self, before: float) -> None:
+        """Forget when a watch told of slices not kept, if that was before ``before``."""
+        seen = self._slice_seen
+        for name in [n for n, at in seen.items() if at < before and n not in self._slices]:
+            del seen[name]
 
     # -- nodes whose summary or queue changed -------------------------------------------------
 
