@@ -86,7 +86,7 @@ class Owners:
         if listed_at is not None and seen is not None and seen.seen_at >= listed_at:
             return  # a watch event since the snapshot was asked for may be newer
         if event_type == "DELETED" or not is_owner_pod(obj):
-            state.pods.pop(key, None)
+            state.forget_pod(key)
             self._bad.pop(key, None)
             if key in state.owned:
                 self.check_gone(key)  # deleted, or only unlabelled? ask
@@ -118,7 +118,7 @@ class Owners:
             self._bad.pop(key, None)
         when = self._clock.monotonic() if listed_at is None else listed_at
         placed = placed_by_operator(obj, self._scheduler)
-        state.pods[key] = SeenPod(uid, value, when, running_claim(obj), placed)
+        state.saw_pod(key, SeenPod(uid, value, when, running_claim(obj), placed))
         for record in state.owners_of(key):
             self._observe(record, POD, value)
 
@@ -170,9 +170,7 @@ class Owners:
         """A list of labelled pods asked for at ``listed_at``; every owner it lacks is read."""
         listed = deliver_listed(pods, self.on_pod, listed_at=listed_at)
         state = self._state
-        for key in [k for k, seen in state.pods.items() if k not in listed]:
-            if state.pods[key].seen_at < listed_at:
-                del state.pods[key]
+        state.prune_pods(listed, listed_at)
         for key in list(state.owned):
             if key not in listed:
                 self.check_gone(key)

@@ -109,11 +109,11 @@ class State:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.ledger = Ledger(limits)
-        self.records: dict[str, Record] = {}  # uid -> record
-        self.holders: dict[str, str] = {}  # ledger entry id -> uid of the incarnation held
-        self.forgotten: dict[str, float] = {}  # uid -> when its object was known gone
-        self.pods: dict[PodKey, SeenPod] = {}  # labelled pods
-        self.owned: dict[PodKey, set[str]] = {}  # owner pod -> uids it holds
+        self._records: dict[str, Record] = {}  # uid -> record
+        self._holders: dict[str, str] = {}  # ledger entry id -> uid of the incarnation held
+        self._forgotten: dict[str, float] = {}  # uid -> when its object was known gone
+        self._pods: dict[PodKey, SeenPod] = {}  # labelled pods
+        self._owned: dict[PodKey, set[str]] = {}  # owner pod -> uids it holds
         self._node_uids: dict[str, str] = {}
         self._node_labels: dict[str, dict[str, str]] = {}  # copied onto its NodeHeadroom
         self._node_facts: dict[str, NodeFacts] = {}  # what says which pods may run there
@@ -128,6 +128,44 @@ class State:
         self._room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now
         self._waiters: dict[str, str] = {}  # entry id of a waiting reservation -> its uid
         self.stamper = Stamper(None)  # replaced at start when a decision key is configured
+
+    # -- what is known: read-only views --------------------------------------------------------
+
+    @property
+    def records(self) -> Mapping[str, Record]:
+        """uid -> the record of each Reservation incarnation known (:meth:`remember`)."""
+        return self._records
+
+    @property
+    def holders(self) -> Mapping[str, str]:
+        """Ledger entry id -> uid of the incarnation whose capacity it holds."""
+        return self._holders
+
+    @property
+    def pods(self) -> Mapping[PodKey, SeenPod]:
+        """The labelled owner pods, as last seen (:meth:`saw_pod`)."""
+        return self._pods
+
+    @property
+    def owned(self) -> Mapping[PodKey, AbstractSet[str]]:
+        """Owner pod -> uids of the reservations it holds."""
+        return self._owned
+
+    # -- owner pods (headroom.control.owners) -------------------------------------------------
+
+    def saw_pod(self, key: PodKey, seen: SeenPod) -> None:
+        """A labelled owner pod, as a watch or a list showed it."""
+        self._pods[key] = seen
+
+    def forget_pod(self, key: PodKey) -> None:
+        """The pod is gone, or owns no reservation any more (unlabelled)."""
+        self._pods.pop(key, None)
+
+    def prune_pods(self, listed: AbstractSet[PodKey], listed_at: float) -> None:
+        """Forget the pods a list asked for at ``listed_at`` lacks, unless seen since."""
+        for key in [k for k in self._pods if k not in listed]:
+            if self._pods[key].seen_at < listed_at:
+                del self._pods[key]
 
     # -- Nodes (headroom.control.nodes) ------------------------------------------------------
 
@@ -267,7 +305,7 @@ class State:
         holds for another incarnation: that would let releasing one free the other.
         """
         if record.held:
-            holder = self.holders.get(record.entry_id)
+            holder = self._holders.get(record.entry_id)
             if holder is not None and holder != record.uid:
                 log.error(
                     "%s: admitted incarnation %s not remembered: the ledger holds %s",
@@ -276,7 +314,7 @@ class State:
                     holder,
                 )
                 return False
-        self.records[record.uid] = record
+        self._records[record.uid] = record
         if record.held:
             self.hold(record)
         elif record.decision.phase == Phase.QUEUED:
@@ -286,36 +324,36 @@ class State:
 
     def hold(self, record: Record) -> None:
         """Link an admitted record to the entry the ledger now holds for it."""
-        self.holders[record.entry_id] = record.uid
+        self._holders[record.entry_id] = record.uid
         if self._waiters.get(record.entry_id) == record.uid:
             del self._waiters[record.entry_id]
         self._dirty_nodes.add(record.node)
         if record.pod:
-            self.owned.setdefault((record.namespace, record.pod), set()).add(record.uid)
+            self._owned.setdefault((record.namespace, record.pod), set()).add(record.uid)
 
     def held_record(self, entry_id: str) -> Record | None:
-        uid = self.holders.get(entry_id)
-        return self.records.get(uid) if uid is not None else None
+        uid = self._holders.get(entry_id)
+        return self._records.get(uid) if uid is not None else None
 
     def holds(self, record: Record) -> bool:
         """Whether the ledger holds this incarnation's capacity (admitted, or reclaimed
         but not yet shown as Reclaimed on its object)."""
-        return self.holders.get(record.entry_id) == record.uid
+        return self._holders.get(record.entry_id) == record.uid
 
     def unhold(self, record: Record) -> None:
         """Drop the ledger-side links of a record (its entry already left the ledger)."""
-        if self.holders.get(record.entry_id) == record.uid:
-            del self.holders[record.entry_id]
+        if self._holders.get(record.entry_id) == record.uid:
+            del self._holders[record.entry_id]
         self._dirty_nodes.add(record.node)
         self._room_nodes.add(record.node)  # room may have appeared for a waiting one
         self._room_nodes |= self.ledger.quota_waiters(record.namespace)  # ... or in its quota
         if record.pod:
             key = (record.namespace, record.pod)
-            owned = self.owned.get(key)
+            owned = self._owned.get(key)
             if owned is not None:
                 owned.discard(record.uid)
                 if not owned:
-                    del self.owned[key]
+                    del self._owned[key]
 
     def release(self, record: Record) -> None:
         """Return a record's capacity, if the ledger holds it (its object is gone)."""
@@ -326,7 +364,7 @@ class State:
     def drop(self, uid: str) -> Record | None:
         """Undo a decision (never written), or forget one: release what it held (or stop its
         waiting) and drop its record."""
-        record = self.records.pop(uid, None)
+        record = self._records.pop(uid, None)
         if record is not None:
             self.release(record)
             self.stop_waiting(record)
@@ -335,7 +373,7 @@ class State:
     def waiting_record(self, entry_id: str) -> Record | None:
         """The record of the reservation waiting as ``entry_id`` in its node's queue."""
         uid = self._waiters.get(entry_id)
-        return self.records.get(uid) if uid is not None else None
+        return self._records.get(uid) if uid is not None else None
 
     def wait_ended(self, record: Record) -> None:
         """The ledger ended this record's wait (refused it): it leaves its node's queue."""
@@ -352,24 +390,24 @@ class State:
 
     def forget(self, uid: str, now: float) -> Record | None:
         """The object is gone: release what it held, drop its record, leave a tombstone."""
-        self.forgotten[uid] = now
+        self._forgotten[uid] = now
         return self.drop(uid)
 
     def forgotten_since(self, uid: str, moment: float) -> bool:
         """Whether the object was known gone after ``moment`` (a list from then is stale)."""
-        return self.forgotten.get(uid, float("-inf")) >= moment
+        return self._forgotten.get(uid, float("-inf")) >= moment
 
     def prune_tombstones(self, before: float) -> None:
         """Tombstones older than the oldest list still being read can go."""
-        for uid in [uid for uid, at in self.forgotten.items() if at < before]:
-            del self.forgotten[uid]
+        for uid in [uid for uid, at in self._forgotten.items() if at < before]:
+            del self._forgotten[uid]
 
     def held_records(self) -> Iterator[Record]:
-        for uid in list(self.holders.values()):
-            record = self.records.get(uid)
+        for uid in list(self._holders.values()):
+            record = self._records.get(uid)
             if record is not None:
                 yield record
 
     def owners_of(self, key: PodKey) -> list[Record]:
-        records = (self.records.get(uid) for uid in self.owned.get(key, ()))
+        records = (self._records.get(uid) for uid in self._owned.get(key, ()))
         return [record for record in records if record is not None]
