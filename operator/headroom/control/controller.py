@@ -272,7 +272,7 @@ class Controller:
                 create=key_config.create,
                 labels=key_config.labels,
             )
-            self.state.stamper = Stamper(key.key, adopting=key.adopting)
+            self.state.use_stamper(Stamper(key.key, adopting=key.adopting))
             if key.adopting:
                 adoption = Adoption(
                     self.state,

@@ -107,8 +107,8 @@ class SeenPod:
 
 class State:
     def __init__(self, limits: Limits) -> None:
-        self.limits = limits
-        self.ledger = Ledger(limits)
+        self._limits = limits
+        self._ledger = Ledger(limits)
         self._records: dict[str, Record] = {}  # uid -> record
         self._holders: dict[str, str] = {}  # ledger entry id -> uid of the incarnation held
         self._forgotten: dict[str, float] = {}  # uid -> when its object was known gone
@@ -127,7 +127,27 @@ class State:
         self._dirty_nodes: set[str] = set()  # nodes whose NodeHeadroom is to be written again
         self._room_nodes: set[str] = set()  # nodes where a waiting reservation may fit now
         self._waiters: dict[str, str] = {}  # entry id of a waiting reservation -> its uid
-        self.stamper = Stamper(None)  # replaced at start when a decision key is configured
+        self._stamper = Stamper(None)  # replaced at start when a decision key is configured
+
+    # -- its parts ------------------------------------------------------------------------------
+
+    @property
+    def limits(self) -> Limits:
+        """The default limits (a Node's own override them in the ledger)."""
+        return self._limits
+
+    @property
+    def ledger(self) -> Ledger:
+        return self._ledger
+
+    @property
+    def stamper(self) -> Stamper:
+        """What signs decisions and checks the signatures of those read back."""
+        return self._stamper
+
+    def use_stamper(self, stamper: Stamper) -> None:
+        """Sign and check decisions with this from now on (at start, once the key is read)."""
+        self._stamper = stamper
 
     # -- what is known: read-only views --------------------------------------------------------
 
@@ -203,7 +223,7 @@ class State:
     def set_node_labels(self, name: str, labels: dict[str, str]) -> None:
         """The Node's labels: for its NodeHeadroom, and the quotas' nodeSelectors."""
         self._node_labels[name] = labels
-        self.ledger.set_node_labels(name, labels)
+        self._ledger.set_node_labels(name, labels)
 
     def set_node_facts(self, name: str, facts: NodeFacts) -> None:
         self._node_facts[name] = facts
@@ -220,9 +240,9 @@ class State:
         (what the ledger holds there stays until released or reclaimed)."""
         self._node_uids.pop(name, None)
         self._node_labels.pop(name, None)
-        self.ledger.set_node_labels(name, None)
+        self._ledger.set_node_labels(name, None)
         self._node_facts.pop(name, None)
-        self.ledger.remove_node(name)
+        self._ledger.remove_node(name)
 
     # -- ResourceSlices (headroom.control.slices) --------------------------------------------
 
@@ -346,7 +366,7 @@ class State:
             del self._holders[record.entry_id]
         self._dirty_nodes.add(record.node)
         self._room_nodes.add(record.node)  # room may have appeared for a waiting one
-        self._room_nodes |= self.ledger.quota_waiters(record.namespace)  # ... or in its quota
+        self._room_nodes |= self._ledger.quota_waiters(record.namespace)  # ... or in its quota
         if record.pod:
             key = (record.namespace, record.pod)
             owned = self._owned.get(key)
@@ -358,7 +378,7 @@ class State:
     def release(self, record: Record) -> None:
         """Return a record's capacity, if the ledger holds it (its object is gone)."""
         if self.holds(record):
-            self.ledger.release(record.entry_id)
+            self._ledger.release(record.entry_id)
             self.unhold(record)
 
     def drop(self, uid: str) -> Record | None:
@@ -384,7 +404,7 @@ class State:
         """A waiting record leaves its node's queue (decided, timed out, or gone)."""
         if self._waiters.get(record.entry_id) == record.uid:
             del self._waiters[record.entry_id]
-            self.ledger.stop_waiting(record.entry_id)
+            self._ledger.stop_waiting(record.entry_id)
             self._dirty_nodes.add(record.node)
             self._room_nodes.add(record.node)  # under strict FIFO the next one may go now
 
