@@ -106,6 +106,9 @@ class SeenPod:
 
 
 class State:
+    """The operator's in-memory truth (module docstring). Other modules change it through
+    its methods only, and read its maps through read-only views (``Mapping``)."""
+
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
         self._ledger = Ledger(limits)
@@ -195,7 +198,7 @@ class State:
         return self._node_uids
 
     @property
-    def node_labels(self) -> Mapping[str, dict[str, str]]:
+    def node_labels(self) -> Mapping[str, Mapping[str, str]]:
         """Each Node's labels, as last seen (copied onto its NodeHeadroom)."""
         return self._node_labels
 
