@@ -199,7 +199,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def stop_waiting(self, data: st.DataObject) -> None:
         node = data.draw(st.sampled_from(self.ledger.waiting.nodes()))
         waiting = data.draw(st.sampled_from(self.ledger.waiting.on(node)))
-        assert self.ledger.waiting.remove(waiting.entry.id) is waiting.entry
+        assert self.ledger.stop_waiting(waiting.entry.id) is waiting.entry
 
     @rule(strict=st.booleans())
     def admit_waiting(self, strict: bool) -> None:
@@ -236,7 +236,7 @@ class LedgerMachine(RuleBasedStateMachine):
         rebuilt, _ = Ledger.rebuild(self.limits, nodes, _copies(self.ledger.entries()))
         for node in self.ledger.waiting.nodes():
             for waiting in self.ledger.waiting.on(node):
-                rebuilt.waiting.add(waiting.entry, waiting.until, for_quota=waiting.for_quota)
+                rebuilt.requeue(waiting.entry, waiting.until, for_quota=waiting.for_quota)
         self.ledger, self.admitted_mb = rebuilt, 0
         self.postponed.clear()
         m = rebuilt.metrics()

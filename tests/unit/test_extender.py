@@ -51,14 +51,14 @@ def test_nodes_without_room_are_refused_with_the_ledgers_reason() -> None:
 
 def test_a_quotas_node_selector_and_room_are_asked_too() -> None:
     state = nodes(g1=64, c1=64)
-    state.ledger.quotas.set_namespace("ml", {"team": "ml"})
+    state.ledger.set_namespace("ml", {"team": "ml"})
     rules = QuotaRules(
         "gpus-only",
         LabelSelector(match_labels={"team": "ml"}),
         ram_mb=8 * GIB,
         nodes=LabelSelector(match_labels={"pool": "gpu"}),
     )
-    state.ledger.quotas.set_quota(rules)
+    state.ledger.set_quota(rules)
     assert filter_nodes(state, pod("4Gi"), ["g1", "c1"], T0).refused == {
         "c1": "headroom: NodeNotAllowed"
     }
@@ -131,8 +131,8 @@ def test_under_strict_fifo_a_node_with_a_reservation_waiting_is_refused_as_the_d
 
 def test_a_quota_refusal_makes_the_pod_wait_on_room_anywhere() -> None:
     state = nodes(g1=64)
-    state.ledger.quotas.set_namespace("ml", {"team": "ml"})
-    state.ledger.quotas.set_quota(
+    state.ledger.set_namespace("ml", {"team": "ml"})
+    state.ledger.set_quota(
         QuotaRules("small", LabelSelector(match_labels={"team": "ml"}), ram_mb=1 * GIB)
     )
     found = filter_nodes(state, pod("4Gi"), ["g1"], T0)
@@ -143,13 +143,13 @@ def test_a_quota_refusal_makes_the_pod_wait_on_room_anywhere() -> None:
 
 def test_a_pod_no_node_has_room_for_queues_on_the_policys_best_node_refused_for_room() -> None:
     state = nodes(big=64, mid=32, small=8)
-    state.ledger.quotas.set_namespace("ml", {"team": "ml"})
+    state.ledger.set_namespace("ml", {"team": "ml"})
     rules = QuotaRules(
         "cpu-only",
         LabelSelector(match_labels={"team": "ml"}),
         nodes=LabelSelector(match_labels={"pool": "cpu"}),
     )
-    state.ledger.quotas.set_quota(rules)
+    state.ledger.set_quota(rules)
     names = ["big", "mid", "small", "gone"]
     found = filter_nodes(state, pod("100Gi"), names, T0)
     assert found.nodes == []

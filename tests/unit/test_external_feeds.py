@@ -81,7 +81,7 @@ class Feeds:
 def test_a_claim_takes_its_device_and_a_stale_list_does_not_bring_it_back() -> None:
     feeds = Feeds()
     state = feeds.world.state
-    state.room_nodes.clear()
+    state.take_room()  # none marked yet
     feeds.claims.on_claim("ADDED", allocated("c", "s1-0"))
     assert feeds.free() == [0, 80 * GIB]
     assert feeds.woken == 1
@@ -89,7 +89,7 @@ def test_a_claim_takes_its_device_and_a_stale_list_does_not_bring_it_back() -> N
     feeds.world.clock.at += 1
     feeds.claims.on_claim("DELETED", allocated("c", "s1-0"))
     assert feeds.free() == [80 * GIB, 80 * GIB]
-    assert "n1" in state.room_nodes  # a waiting reservation may fit now
+    assert "n1" in state.take_room()  # a waiting reservation may fit now
     feeds.claims.on_claim(None, allocated("c", "s1-0"), listed_at=listed_at)  # older
     assert feeds.free() == [80 * GIB, 80 * GIB]
     # Another driver's claim, or one not allocated, holds nothing and wakes no one.

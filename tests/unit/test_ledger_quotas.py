@@ -40,7 +40,7 @@ def ledger(*, nodes: int = 2, total: int = 512 * GIB, vram: int | None = 80 * GI
         ("web", {"team": "web"}),
         ("loose", {}),
     ):
-        book.quotas.set_namespace(namespace, labels)
+        book.set_namespace(namespace, labels)
     return book
 
 
@@ -52,9 +52,9 @@ def test_a_quota_changed_to_select_other_namespaces_does_not_carry_negative_usag
     the new selector no longer picked it, though the new quota never counted it: the
     quota then believed its namespaces held less than nothing and let them over."""
     book = ledger()
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB))
     assert book.reserve(entry("ml/a", 40 * GIB), T0).admitted
-    book.quotas.set_quota(QuotaRules("q", team("web"), ram_mb=64 * GIB))
+    book.set_quota(QuotaRules("q", team("web"), ram_mb=64 * GIB))
     assert book.quotas.namespaces_of("q") == ["web"]
     assert book.quotas.used("q").ram_mb == 0
     assert book.reserve(entry("web/a", 60 * GIB), T0).admitted
@@ -67,9 +67,9 @@ def test_a_quota_over_on_one_dimension_admits_nothing_new_on_the_other() -> None
     """A quota lowered under what is held admits nothing new until usage falls below it:
     a claim asking only for VRAM used to pass while the namespace was over on RAM."""
     book = ledger()
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB, vram_mb=40 * GIB))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB, vram_mb=40 * GIB))
     assert book.reserve(entry("ml/a", 48 * GIB), T0).admitted
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=32 * GIB, vram_mb=40 * GIB))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=32 * GIB, vram_mb=40 * GIB))
     assert book.quotas.over("q")
     refused = book.reserve(entry("ml/gpu", 0, vram=8 * GIB), T0)
     assert (refused.admitted, refused.reason) == (False, Reason.QUOTA_EXCEEDED)
@@ -83,9 +83,9 @@ def test_a_final_refusal_of_one_quota_is_not_hidden_by_another_s_wait() -> None:
     when the other (first by name) is full. It used to be Queued QuotaExceeded, to wait
     in vain until its wait ran out."""
     book = ledger()
-    book.quotas.set_quota(QuotaRules("a-room", team("ml"), ram_mb=16 * GIB))
+    book.set_quota(QuotaRules("a-room", team("ml"), ram_mb=16 * GIB))
     gpu_only = LabelSelector(match_labels={"pool": "gpu"})
-    book.quotas.set_quota(QuotaRules("b-nodes", team("ml"), nodes=gpu_only))
+    book.set_quota(QuotaRules("b-nodes", team("ml"), nodes=gpu_only))
     assert book.reserve(entry("ml/held", 16 * GIB), T0).admitted
     refused = book.reserve_or_wait(entry("ml/cpu", GIB, node="n2"), T0, LATER)
     assert (refused.queued, refused.reason) == (False, Reason.NODE_NOT_ALLOWED)
@@ -107,9 +107,7 @@ def test_under_strict_fifo_waiters_ahead_do_not_turn_a_final_refusal_into_a_wait
     """A claim its quota refuses for good is Rejected at once, even with others waiting for
     room on the node; it used to be Queued WaitersAhead and to wait in vain."""
     book = ledger()
-    book.quotas.set_quota(
-        QuotaRules("q", team("ml"), nodes=LabelSelector(match_labels={"pool": "cpu"}))
-    )
+    book.set_quota(QuotaRules("q", team("ml"), nodes=LabelSelector(match_labels={"pool": "cpu"})))
     full_node(book)
     assert book.reserve_or_wait(entry("web/waits", GIB), T0, LATER, strict=True).queued
     late = entry("ml/x", GIB, at=T0 + timedelta(seconds=1))  # behind web/waits
@@ -138,8 +136,8 @@ def test_a_namespace_not_seen_yet_is_governed_by_the_quotas_that_select_it_by_na
     by none until something re-governed it: unlimited, or NoQuota under Deny."""
     book = Ledger(Limits(heartbeat_stale_window=timedelta(minutes=5)))
     book.set_node_capacity("n1", 512 * GIB, None)
-    book.quotas.deny_unselected = True
-    book.quotas.set_quota(QuotaRules("q", by_name("fresh"), ram_mb=64 * GIB))
+    book.set_deny_unselected(True)
+    book.set_quota(QuotaRules("q", by_name("fresh"), ram_mb=64 * GIB))
     assert not book.quotas.knows_namespace("fresh")
     assert book.reserve(entry("fresh/a", 60 * GIB), T0).admitted
     assert book.quotas.used("q").ram_mb == 60 * GIB
@@ -158,7 +156,7 @@ def test_a_namespace_not_seen_yet_is_governed_by_the_quotas_that_select_it_by_na
 
 def test_over_its_ram_the_namespace_is_refused_with_the_numbers() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=64 * GIB))
+    book.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=64 * GIB))
     assert book.reserve(entry("ml/a", 40 * GIB), T0).admitted
     assert book.reserve(entry("ml-dev/b", 16 * GIB, node="n2"), T0).admitted  # shares it
     refused = book.reserve(entry("ml/c", 16 * GIB), T0)
@@ -179,7 +177,7 @@ def test_over_its_ram_the_namespace_is_refused_with_the_numbers() -> None:
 
 def test_vram_and_entries_are_limits_of_their_own_and_odd_sizes_are_in_mib() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("q", team("ml"), vram_mb=20 * GIB, max_entries=2))
+    book.set_quota(QuotaRules("q", team("ml"), vram_mb=20 * GIB, max_entries=2))
     assert book.reserve(entry("ml/a", 1, vram=16 * GIB), T0).admitted
     vram = book.reserve(entry("ml/b", 1, vram=5000), T0)
     assert (vram.reason, vram.message) == (
@@ -196,7 +194,7 @@ def test_vram_and_entries_are_limits_of_their_own_and_odd_sizes_are_in_mib() -> 
 
 def test_over_its_quota_a_claim_that_may_wait_is_queued_and_a_release_lets_it_in() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=64 * GIB))
+    book.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=64 * GIB))
     assert book.reserve(entry("ml/a", 56 * GIB), T0).admitted
     queued = book.reserve_or_wait(entry("ml/b", 16 * GIB, node="n2"), T0, LATER)
     assert (queued.queued, queued.reason, queued.position) == (True, Reason.QUOTA_EXCEEDED, 1)
@@ -215,9 +213,9 @@ def test_over_its_quota_a_claim_that_may_wait_is_queued_and_a_release_lets_it_in
 
 def test_a_namespace_no_quota_selects_is_unlimited_or_denied_as_configured() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=64 * GIB))
+    book.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=64 * GIB))
     assert book.reserve(entry("loose/a", 300 * GIB), T0).admitted
-    book.quotas.deny_unselected = True
+    book.set_deny_unselected(True)
     refused = book.reserve_or_wait(entry("loose/b", GIB), T0, LATER)
     assert (refused.queued, refused.reason) == (True, Reason.NO_QUOTA)
     assert refused.message.startswith(
@@ -227,7 +225,7 @@ def test_a_namespace_no_quota_selects_is_unlimited_or_denied_as_configured() -> 
     assert book.reserve(entry("ml/a", GIB), T0).admitted  # selected: its quota decides
     assert book.get("loose/a") is not None  # what was held stays held
     # A quota that selects it now lets the waiter in.
-    book.quotas.set_quota(QuotaRules("rest", LabelSelector(), ram_mb=400 * GIB))
+    book.set_quota(QuotaRules("rest", LabelSelector(), ram_mb=400 * GIB))
     assert [d.entry.id for d in book.admit_waiting(T0, book.quota_waiters())] == ["loose/b"]
 
 
@@ -239,21 +237,21 @@ def test_deny_is_a_setting_of_quotas() -> None:
 def test_an_invalid_quota_admits_nothing_new_in_its_namespaces_until_fixed() -> None:
     book = ledger()
     broken = QuotaRules("q", team("ml"), ram_mb=64 * GIB, invalid="spec.ramMB: not a quantity")
-    book.quotas.set_quota(broken)
+    book.set_quota(broken)
     refused = book.reserve_or_wait(entry("ml/a", GIB), T0, LATER)
     assert (refused.queued, refused.reason) == (True, Reason.QUOTA_INVALID)
     assert refused.message.startswith(
         "namespace ml (quota q): the quota cannot be used: spec.ramMB: not a quantity"
     )
     assert book.reserve(entry("web/a", GIB), T0).admitted  # isolated to its namespaces
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB))
     assert [d.entry.id for d in book.admit_waiting(T0, book.quota_waiters("ml"))] == ["ml/a"]
 
 
 def test_a_node_outside_the_quota_s_node_selector_is_not_allowed() -> None:
     book = ledger()
     gpu = LabelSelector(match_labels={"pool": "gpu"})
-    book.quotas.set_quota(QuotaRules("q", team("ml"), nodes=gpu))
+    book.set_quota(QuotaRules("q", team("ml"), nodes=gpu))
     refused = book.reserve_or_wait(entry("ml/a", GIB, node="n2"), T0, LATER)
     assert (refused.queued, refused.reason, refused.message) == (
         False,
@@ -272,14 +270,14 @@ def test_a_node_outside_the_quota_s_node_selector_is_not_allowed() -> None:
 def test_an_unknown_node_is_unknown_before_it_is_not_allowed() -> None:
     book = ledger()
     gpu = LabelSelector(match_labels={"pool": "gpu"})
-    book.quotas.set_quota(QuotaRules("q", team("ml"), nodes=gpu))
+    book.set_quota(QuotaRules("q", team("ml"), nodes=gpu))
     assert book.reserve(entry("ml/a", GIB, node="n9"), T0).reason == Reason.NODE_UNKNOWN
 
 
 def test_a_lifetime_longer_than_the_quota_allows_is_refused_naming_the_fields() -> None:
     book = ledger()
     rules = QuotaRules("q", team("ml"), max_lifetime=timedelta(hours=2))
-    book.quotas.set_quota(rules)
+    book.set_quota(rules)
     too_long = entry("ml/a", GIB, expires=T0 + timedelta(hours=2, minutes=30))
     refused = book.reserve_or_wait(too_long, T0, LATER)
     assert (refused.queued, refused.reason, refused.message) == (
@@ -298,7 +296,7 @@ def test_a_lifetime_longer_than_the_quota_allows_is_refused_naming_the_fields() 
 
 def test_a_wait_longer_than_the_quota_allows_is_refused() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("q", team("ml"), max_wait=timedelta(minutes=5)))
+    book.set_quota(QuotaRules("q", team("ml"), max_wait=timedelta(minutes=5)))
     long_wait = entry("ml/a", GIB, wait_until=T0 + timedelta(minutes=5, seconds=1))
     refused = book.reserve_or_wait(long_wait, T0, long_wait.wait_until)
     assert (refused.queued, refused.reason, refused.message) == (
@@ -313,7 +311,7 @@ def test_a_wait_longer_than_the_quota_allows_is_refused() -> None:
 
 def test_the_default_lifetime_gives_an_expiry_to_a_claim_that_sets_none() -> None:
     book = ledger()
-    book.quotas.set_quota(
+    book.set_quota(
         QuotaRules(
             "q",
             team("ml"),
@@ -335,9 +333,9 @@ def test_the_default_lifetime_gives_an_expiry_to_a_claim_that_sets_none() -> Non
 
 def test_the_expiry_given_is_the_shortest_of_the_valid_quotas_or_their_maximum() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("a", team("ml"), default_lifetime=timedelta(hours=3)))
-    book.quotas.set_quota(QuotaRules("b", team("ml"), max_lifetime=timedelta(hours=2)))
-    book.quotas.set_quota(
+    book.set_quota(QuotaRules("a", team("ml"), default_lifetime=timedelta(hours=3)))
+    book.set_quota(QuotaRules("b", team("ml"), max_lifetime=timedelta(hours=2)))
+    book.set_quota(
         QuotaRules("c", team("web"), default_lifetime=timedelta(minutes=1), invalid="bad")
     )
     assert book.reserve(entry("ml/a", GIB), T0).entry.given_expiry == T0 + timedelta(hours=2)
@@ -346,7 +344,7 @@ def test_the_expiry_given_is_the_shortest_of_the_valid_quotas_or_their_maximum()
 
 def test_a_waiter_given_a_lifetime_it_outlived_while_waiting_is_not_admitted() -> None:
     book = ledger()
-    book.quotas.set_quota(
+    book.set_quota(
         QuotaRules("q", team("ml"), ram_mb=4 * GIB, default_lifetime=timedelta(minutes=5))
     )
     assert book.reserve(entry("ml/a", 4 * GIB), T0).admitted
@@ -365,11 +363,11 @@ def test_a_waiter_given_a_lifetime_it_outlived_while_waiting_is_not_admitted() -
 
 def test_a_namespace_under_two_quotas_is_bound_by_both() -> None:
     book = ledger()
-    book.quotas.set_namespace("ml", {"team": "ml", "tier": "gold"})
-    book.quotas.set_namespace("web", {"team": "web", "tier": "gold"})
+    book.set_namespace("ml", {"team": "ml", "tier": "gold"})
+    book.set_namespace("web", {"team": "web", "tier": "gold"})
     gold = LabelSelector(match_labels={"tier": "gold"})
-    book.quotas.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=64 * GIB))
-    book.quotas.set_quota(QuotaRules("gold", gold, ram_mb=100 * GIB))
+    book.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=64 * GIB))
+    book.set_quota(QuotaRules("gold", gold, ram_mb=100 * GIB))
     assert [r.name for r in book.quotas.governing("ml")] == ["gold", "team-ml"]
     assert book.reserve(entry("web/a", 80 * GIB), T0).admitted  # gold only
     refused = book.reserve(entry("ml/a", 32 * GIB), T0)  # team-ml has room, gold does not
@@ -391,20 +389,20 @@ def test_a_namespace_under_two_quotas_is_bound_by_both() -> None:
 
 def test_a_relabelled_namespace_carries_what_it_holds_from_one_quota_to_another() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=64 * GIB))
-    book.quotas.set_quota(QuotaRules("team-web", team("web"), ram_mb=128 * GIB))
+    book.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=64 * GIB))
+    book.set_quota(QuotaRules("team-web", team("web"), ram_mb=128 * GIB))
     assert book.reserve(entry("ml-dev/a", 40 * GIB), T0).admitted
     assert book.reserve(entry("web/a", 30 * GIB), T0).admitted
-    assert book.quotas.set_namespace("ml-dev", {"team": "web"})  # governance changed
+    assert book.set_namespace("ml-dev", {"team": "web"})  # governance changed
     assert book.quotas.used("team-ml") == Usage()
     assert book.quotas.used("team-web") == Usage(70 * GIB, 0, 2)
     assert book.quotas.namespaces_of("team-web") == ["ml-dev", "web"]
     assert book.reserve(entry("web/b", GIB), T0).admitted
     assert book.reserve(entry("ml-dev/b", 60 * GIB), T0).reason == Reason.QUOTA_EXCEEDED
     assert book.reserve(entry("ml/b", 60 * GIB), T0).admitted  # team-ml is empty now
-    assert not book.quotas.set_namespace("ml-dev", {"team": "web"})  # the same labels
-    assert not book.quotas.set_namespace("ml-dev", {"team": "web", "x": "y"})  # same quotas
-    book.quotas.set_namespace("ml-dev", {})  # no quota any more
+    assert not book.set_namespace("ml-dev", {"team": "web"})  # the same labels
+    assert not book.set_namespace("ml-dev", {"team": "web", "x": "y"})  # same quotas
+    book.set_namespace("ml-dev", {})  # no quota any more
     assert book.quotas.used("team-web") == Usage(31 * GIB, 0, 2)
     assert book.quotas.used_by("ml-dev") == Usage(40 * GIB, 0, 1)
     book.release("ml-dev/a")
@@ -414,9 +412,9 @@ def test_a_relabelled_namespace_carries_what_it_holds_from_one_quota_to_another(
 
 def test_a_namespace_removed_falls_back_to_its_name_label() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB))
     assert book.reserve(entry("ml/a", 10 * GIB), T0).admitted
-    book.quotas.remove_namespace("ml")
+    book.remove_namespace("ml")
     assert not book.quotas.knows_namespace("ml")
     assert book.quotas.used("q") == Usage()
     assert book.quotas.used_by("ml") == Usage(10 * GIB, 0, 1)
@@ -426,12 +424,12 @@ def test_a_namespace_removed_falls_back_to_its_name_label() -> None:
 
 def test_a_deleted_quota_releases_its_waiters_to_the_default() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=16 * GIB))
+    book.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=16 * GIB))
     assert book.reserve(entry("ml/a", 16 * GIB), T0).admitted
     assert book.reserve_or_wait(entry("ml/b", 8 * GIB, node="n2"), T0, LATER).queued
     assert book.reserve_or_wait(entry("ml-dev/c", 8 * GIB), T0, LATER).queued
-    assert book.quotas.remove_quota("team-ml")
-    assert not book.quotas.remove_quota("team-ml")
+    assert book.remove_quota("team-ml")
+    assert not book.remove_quota("team-ml")
     assert book.quotas.governing("ml") == []
     # The operator tries every quota waiter after a quota change (None: all of them).
     assert book.quota_waiters() == {"n1", "n2"}
@@ -441,11 +439,11 @@ def test_a_deleted_quota_releases_its_waiters_to_the_default() -> None:
 
 def test_a_deleted_quota_under_deny_leaves_its_waiters_waiting_for_another() -> None:
     book = ledger()
-    book.quotas.deny_unselected = True
-    book.quotas.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=16 * GIB))
+    book.set_deny_unselected(True)
+    book.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=16 * GIB))
     assert book.reserve(entry("ml/a", 16 * GIB), T0).admitted
     assert book.reserve_or_wait(entry("ml/b", 8 * GIB), T0, LATER).queued
-    book.quotas.remove_quota("team-ml")
+    book.remove_quota("team-ml")
     assert book.admit_waiting(T0, book.quota_waiters()) == []
     assert book.waiting.get("ml/b") is not None
     assert book.refusal(entry("ml/b", 8 * GIB), T0) is not None
@@ -454,10 +452,10 @@ def test_a_deleted_quota_under_deny_leaves_its_waiters_waiting_for_another() -> 
 
 def test_a_quota_lowered_under_usage_admits_nothing_new_and_reclaims_nothing() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB, max_entries=10))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=64 * GIB, max_entries=10))
     for name in ("a", "b", "c"):
         assert book.reserve(entry(f"ml/{name}", 16 * GIB), T0).admitted
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=20 * GIB, max_entries=10))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=20 * GIB, max_entries=10))
     assert book.quotas.over("q")
     assert book.quotas.used("q") == Usage(48 * GIB, 0, 3)  # reclaims nothing
     assert book.reclaim(T0 + timedelta(minutes=1)) == []
@@ -470,7 +468,7 @@ def test_a_quota_lowered_under_usage_admits_nothing_new_and_reclaims_nothing() -
     book.release("ml/b")
     assert not book.quotas.over("q")  # 16 GiB of 20
     assert book.reserve(entry("ml-dev/d", 4 * GIB), T0).admitted
-    book.quotas.set_quota(QuotaRules("q", team("ml"), max_entries=1))  # over on entries
+    book.set_quota(QuotaRules("q", team("ml"), max_entries=1))  # over on entries
     assert book.quotas.over("q")
     assert book.reserve(entry("ml/e", 1), T0).reason == Reason.QUOTA_EXCEEDED
 
@@ -486,7 +484,7 @@ def test_a_quota_that_is_not_there_is_never_over_and_holds_nothing() -> None:
 
 def test_a_pod_already_running_over_its_quota_is_recorded_and_counted() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=4 * GIB))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=4 * GIB))
     decision = book.record(entry("ml/pod", 8 * GIB), T0)
     assert (decision.admitted, decision.reason) == (True, Reason.OVER_COMMITTED)
     assert "holds 0 MiB of 4 GiB RAM; requested 8 GiB" in decision.message
@@ -496,7 +494,7 @@ def test_a_pod_already_running_over_its_quota_is_recorded_and_counted() -> None:
 
 def test_a_restore_counts_what_each_quota_holds_again() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=4 * GIB))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=4 * GIB))
     book.restore([entry("ml/a", 3 * GIB), entry("ml-dev/b", 3 * GIB), entry("web/c", GIB)])
     assert book.quotas.used("q") == Usage(6 * GIB, 0, 2)  # over: restored, not re-decided
     assert book.reserve(entry("ml/d", 1), T0).reason == Reason.QUOTA_EXCEEDED
@@ -507,7 +505,7 @@ def test_a_restore_counts_what_each_quota_holds_again() -> None:
 
 def test_under_strict_fifo_a_quota_blocked_waiter_holds_back_no_other_namespace() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=16 * GIB))
+    book.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=16 * GIB))
     assert book.reserve(entry("ml/held", 16 * GIB, node="n2"), T0).admitted
     first = book.reserve_or_wait(entry("ml/first", 8 * GIB), T0, LATER, strict=True)
     assert (first.queued, first.reason) == (True, Reason.QUOTA_EXCEEDED)
@@ -527,7 +525,7 @@ def test_under_strict_fifo_a_quota_blocked_waiter_holds_back_no_other_namespace(
 
 def test_under_strict_fifo_a_room_waiter_still_holds_back_those_behind_it() -> None:
     book = ledger()
-    book.quotas.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=400 * GIB))
+    book.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=400 * GIB))
     full_node(book)
     assert book.reserve_or_wait(entry("ml/first", 8 * GIB), T0, LATER, strict=True).queued
     behind = entry("web/behind", 4 * GIB, at=T0 + timedelta(seconds=1))
@@ -536,8 +534,8 @@ def test_under_strict_fifo_a_room_waiter_still_holds_back_those_behind_it() -> N
 
 def test_quota_waiters_are_the_nodes_of_those_waiting_for_a_quota_shared() -> None:
     book = ledger(nodes=3)
-    book.quotas.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=16 * GIB))
-    book.quotas.set_quota(QuotaRules("team-web", team("web"), ram_mb=16 * GIB))
+    book.set_quota(QuotaRules("team-ml", team("ml"), ram_mb=16 * GIB))
+    book.set_quota(QuotaRules("team-web", team("web"), ram_mb=16 * GIB))
     assert book.reserve(entry("ml/held", 16 * GIB), T0).admitted
     assert book.reserve(entry("web/held", 16 * GIB), T0).admitted
     assert book.reserve_or_wait(entry("ml/a", GIB, node="n1"), T0, LATER).queued
@@ -551,7 +549,7 @@ def test_quota_waiters_are_the_nodes_of_those_waiting_for_a_quota_shared() -> No
     assert book.quota_waiters("web") == {"n3"}
     assert book.quota_waiters("loose") == set()
     assert book.quota_waiters() == {"n1", "n2", "n3"}
-    book.waiting.remove("web/c")
+    book.stop_waiting("web/c")
     assert book.quota_waiters() == {"n1", "n2"}
     # A waiter re-decided on the node's room is no longer one of the quota's.
     book.release("ml/held")
@@ -566,7 +564,7 @@ def test_a_release_finds_the_quota_waiters_of_a_namespace_not_seen_yet() -> None
     (by name, or by a selector its missing labels satisfy) but was in no quota's list of
     namespaces, so a release elsewhere under the same quota did not find its waiters."""
     book = ledger()
-    book.quotas.set_quota(QuotaRules("all", LabelSelector(), max_entries=1))
+    book.set_quota(QuotaRules("all", LabelSelector(), max_entries=1))
     assert book.reserve(entry("ml/a", GIB), T0).admitted
     assert book.reserve_or_wait(entry("fresh/b", GIB, node="n2"), T0, LATER).queued
     book.release("ml/a")
@@ -584,10 +582,10 @@ def test_labelling_a_namespace_not_seen_yet_reports_a_change_of_its_quotas() -> 
     """set_namespace says whether what governs the namespace changed (the operator then
     tries its quota waiters); for one not seen yet it compared with nothing recorded."""
     book = ledger()
-    book.quotas.set_quota(QuotaRules("no-team", team_absent(), max_entries=0))
+    book.set_quota(QuotaRules("no-team", team_absent(), max_entries=0))
     assert [r.name for r in book.quotas.governing("fresh")] == ["no-team"]
     assert book.reserve_or_wait(entry("fresh/a", GIB), T0, LATER).reason == (Reason.QUOTA_EXCEEDED)
-    assert book.quotas.set_namespace("fresh", {"team": "ml"})
+    assert book.set_namespace("fresh", {"team": "ml"})
     assert book.quotas.governing("fresh") == []
     assert [d.entry.id for d in book.admit_waiting(T0, book.quota_waiters())] == ["fresh/a"]
 
@@ -597,7 +595,7 @@ def test_a_pods_waiter_its_quota_now_refuses_for_good_is_refused_at_once() -> No
     gated pod's waiting reservation is refused with that reason at the next look, not
     left for its whole wait; a reservation someone wrote waits on (they chose)."""
     book = ledger()
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=2 * GIB))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=2 * GIB))
     assert book.reserve(entry("ml/a", 2 * GIB, node="n2"), T0).admitted
     pod = replace(entry("ml/p", GIB, node="n2"), pod_lifetime=True)
     day = T0 + timedelta(hours=24)
@@ -606,7 +604,7 @@ def test_a_pods_waiter_its_quota_now_refuses_for_good_is_refused_at_once() -> No
     assert book.wait_over(T0) == []  # nothing changed: they wait
 
     gpu = LabelSelector(match_labels={"pool": "gpu"})  # n1's pool, not n2's
-    book.quotas.set_quota(QuotaRules("q", team("ml"), ram_mb=2 * GIB, nodes=gpu))
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=2 * GIB, nodes=gpu))
     refused = book.wait_over(T0)
     assert [(d.entry.id, d.admitted, d.reason) for d in refused] == [
         ("ml/p", False, Reason.NODE_NOT_ALLOWED)

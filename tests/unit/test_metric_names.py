@@ -90,9 +90,9 @@ def busy() -> Ledger:
     ledger = Ledger(Limits(system_reserve_mb=1024, heartbeat_stale_window=timedelta(minutes=5)))
     ledger.set_node_capacity("n1", 16 * GIB, 80 * GIB)
     ledger.set_node_devices("n1", (GpuDevice("GPU-0", 80 * GIB, ref="gpu.nvidia.com/n1/g0"),))
-    ledger.quotas.set_namespace("ml", {"team": "ml"})
+    ledger.set_namespace("ml", {"team": "ml"})
     selector = LabelSelector(match_labels={"team": "ml"})
-    ledger.quotas.set_quota(QuotaRules("team", selector, ram_mb=8 * GIB, vram_mb=40 * GIB))
+    ledger.set_quota(QuotaRules("team", selector, ram_mb=8 * GIB, vram_mb=40 * GIB))
     assert ledger.reserve(claim("ml/a", 4 * GIB, 20 * GIB, at=now), now).admitted
     assert ledger.reserve(claim("ml/b", GIB, at=now), now).admitted
     assert ledger.reserve(claim("web/c", 2 * GIB, at=now), now).admitted

@@ -25,7 +25,7 @@ def gpu_nodes() -> State:
             GpuDevice(f"GPU-{name}-{i}", 80 * GIB, ref=f"d/{name}/{i}") for i in range(2)
         )
         built.ledger.set_node_devices(name, devices)
-        built.node_facts[name] = NodeFacts(name, {})
+        built.set_node_facts(name, NodeFacts(name, {}))
     return built
 
 

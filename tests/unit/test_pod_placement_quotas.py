@@ -49,10 +49,10 @@ def state(nodes: dict[str, tuple[int, dict[str, str]]], *quotas: QuotaRules) -> 
     for name, (ram, labels) in nodes.items():
         built.ledger.set_node_capacity(name, ram)
         built.ledger.set_node_labels(name, labels)
-        built.node_facts[name] = NodeFacts(name, labels)
-    built.ledger.quotas.set_namespace("ml", {"team": "ml"})
+        built.set_node_facts(name, NodeFacts(name, labels))
+    built.ledger.set_namespace("ml", {"team": "ml"})
     for rules in quotas:
-        built.ledger.quotas.set_quota(rules)
+        built.ledger.set_quota(rules)
     return built
 
 
@@ -62,9 +62,9 @@ def state(nodes: dict[str, tuple[int, dict[str, str]]], *quotas: QuotaRules) -> 
 def test_the_max_wait_is_the_smallest_a_valid_quota_gives() -> None:
     book = ledger()
     assert book.quotas.max_wait("ml") is None
-    book.quotas.set_quota(QuotaRules("long", team("ml"), max_wait=timedelta(hours=2)))
-    book.quotas.set_quota(QuotaRules("short", team("ml"), max_wait=timedelta(minutes=10)))
-    book.quotas.set_quota(
+    book.set_quota(QuotaRules("long", team("ml"), max_wait=timedelta(hours=2)))
+    book.set_quota(QuotaRules("short", team("ml"), max_wait=timedelta(minutes=10)))
+    book.set_quota(
         QuotaRules("broken", team("ml"), max_wait=timedelta(seconds=1), invalid="unreadable")
     )
     assert book.quotas.max_wait("ml") == timedelta(minutes=10)
@@ -94,7 +94,7 @@ def test_a_pods_wait_is_its_own_else_as_long_as_its_quotas_allow() -> None:
 
 def test_final_refusals_are_the_node_the_lifetime_and_the_wait_never_the_room() -> None:
     book = ledger()
-    book.quotas.set_quota(
+    book.set_quota(
         QuotaRules("q", team("ml"), ram_mb=1024, nodes=GPU_NODES, max_wait=timedelta(minutes=10))
     )
     assert book.quotas.final_refusal(entry("ml/a", 4096, node="n1")) is None  # full: waitable

@@ -74,7 +74,7 @@ def book() -> Ledger:
     ledger = Ledger(Limits(heartbeat_stale_window=timedelta(minutes=5)))
     ledger.set_node_capacity("n1", 512 * GIB, 80 * GIB)
     for namespace, team in (("ml", "ml"), ("ml-dev", "ml"), ("web", "web"), ("idle", "ml")):
-        ledger.quotas.set_namespace(namespace, {"team": team})
+        ledger.set_namespace(namespace, {"team": team})
     return ledger
 
 
@@ -92,10 +92,8 @@ def test_without_quotas_the_families_are_announced_with_no_samples() -> None:
 def test_each_quota_shows_its_limits_and_what_its_namespaces_hold() -> None:
     ledger = book()
     ml = LabelSelector(match_labels={"team": "ml"})
-    ledger.quotas.set_quota(
-        QuotaRules("team-ml", ml, ram_mb=64 * GIB, vram_mb=40 * GIB, max_entries=10)
-    )
-    ledger.quotas.set_quota(QuotaRules("web", LabelSelector(match_labels={"team": "web"})))
+    ledger.set_quota(QuotaRules("team-ml", ml, ram_mb=64 * GIB, vram_mb=40 * GIB, max_entries=10))
+    ledger.set_quota(QuotaRules("web", LabelSelector(match_labels={"team": "web"})))
     assert ledger.reserve(claim("ml/a", 40 * GIB, 8 * GIB), T0).admitted
     assert ledger.reserve(claim("ml-dev/b", 16 * GIB), T0).admitted
     assert ledger.reserve(claim("web/c", 3 * GIB), T0).admitted
@@ -121,12 +119,12 @@ def test_each_quota_shows_its_limits_and_what_its_namespaces_hold() -> None:
 def test_the_metrics_follow_releases_relabels_lowered_and_deleted_quotas() -> None:
     ledger = book()
     ml = LabelSelector(match_labels={"team": "ml"})
-    ledger.quotas.set_quota(QuotaRules("team-ml", ml, ram_mb=64 * GIB))
+    ledger.set_quota(QuotaRules("team-ml", ml, ram_mb=64 * GIB))
     assert ledger.reserve(claim("ml/a", 40 * GIB), T0).admitted
     assert ledger.reserve(claim("ml-dev/b", 16 * GIB), T0).admitted
     ledger.release("ml/a")
-    ledger.quotas.set_namespace("ml-dev", {"team": "none"})  # leaves the quota
-    ledger.quotas.set_quota(QuotaRules("team-ml", ml, ram_mb=GIB))  # lowered
+    ledger.set_namespace("ml-dev", {"team": "none"})  # leaves the quota
+    ledger.set_quota(QuotaRules("team-ml", ml, ram_mb=GIB))  # lowered
     values, _ = scrape(ledger)
     assert quota_samples(values) == {
         'headroom_quota_ram_limit_bytes{quota="team-ml"}': 1024.0,
@@ -134,13 +132,13 @@ def test_the_metrics_follow_releases_relabels_lowered_and_deleted_quotas() -> No
         'headroom_quota_vram_used_bytes{quota="team-ml"}': 0.0,
         'headroom_quota_entries{quota="team-ml"}': 0.0,
     }
-    ledger.quotas.set_namespace("ml-dev", {"team": "ml"})  # back, over the lowered limit
+    ledger.set_namespace("ml-dev", {"team": "ml"})  # back, over the lowered limit
     values, _ = scrape(ledger)
     assert values['headroom_quota_ram_used_bytes{quota="team-ml"}'] == 16 * 1024**3
     assert values['headroom_quota_ram_limit_bytes{quota="team-ml"}'] == 1024**3
     assert values['headroom_quota_ram_used_mb{quota="team-ml"}'] == 16384.0
     assert values['headroom_quota_ram_limit_mb{quota="team-ml"}'] == 1024.0
-    ledger.quotas.remove_quota("team-ml")
+    ledger.remove_quota("team-ml")
     values, families = scrape(ledger)
     assert quota_samples(values) == {}
     assert families >= QUOTA_FAMILIES | DEPRECATED_QUOTA_FAMILIES

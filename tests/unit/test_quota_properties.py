@@ -166,7 +166,7 @@ class QuotaMachine(RuleBasedStateMachine):
     @rule(data=st.data(), name=st.sampled_from(QUOTAS))
     def set_quota(self, data: st.DataObject, name: str) -> None:
         rules = data.draw(quota_rules(name))
-        self.ledger.quotas.set_quota(rules)
+        self.ledger.set_quota(rules)
         self.rules[name] = rules
         self._settle_quota_change()
 
@@ -183,7 +183,7 @@ class QuotaMachine(RuleBasedStateMachine):
         held = {"ram_mb": used.ram_mb, "vram_mb": used.vram_mb, "max_entries": used.entries}
         rules = replace(self.rules[name], **{dimension: held[dimension] * percent // 100})
         entries = len(self.ledger)
-        self.ledger.quotas.set_quota(rules)
+        self.ledger.set_quota(rules)
         self.rules[name] = rules
         assert len(self.ledger) == entries
         assert self.ledger.quotas.used(name) == used, "lowering a quota changed its usage"
@@ -203,19 +203,19 @@ class QuotaMachine(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(QUOTAS))
     def remove_quota(self, name: str) -> None:
-        assert self.ledger.quotas.remove_quota(name) is (name in self.rules)
+        assert self.ledger.remove_quota(name) is (name in self.rules)
         self.rules.pop(name, None)
         self._settle_quota_change()
 
     @rule(deny=st.booleans())
     def unselected_namespaces(self, deny: bool) -> None:
-        self.ledger.quotas.deny_unselected = deny
+        self.ledger.set_deny_unselected(deny)
 
     @rule(namespace=st.sampled_from(NAMESPACES), labels=NAMESPACE_LABELS)
     def label_namespace(self, namespace: str, labels: dict[str, str]) -> None:
         labels = {NAME_LABEL: namespace, **labels}  # the API server's label, always there
         before = self._governing(namespace)
-        changed = self.ledger.quotas.set_namespace(namespace, labels)
+        changed = self.ledger.set_namespace(namespace, labels)
         self.namespace_labels[namespace] = labels
         assert changed or self._governing(namespace) == before, "a change not reported"
         if changed:
@@ -223,7 +223,7 @@ class QuotaMachine(RuleBasedStateMachine):
 
     @rule(namespace=st.sampled_from(NAMESPACES))
     def remove_namespace(self, namespace: str) -> None:
-        self.ledger.quotas.remove_namespace(namespace)
+        self.ledger.remove_namespace(namespace)
         self.namespace_labels.pop(namespace, None)
 
     @rule(node=st.sampled_from(NODES), labels=NODE_LABELS)
@@ -629,11 +629,11 @@ class QuotaMachine(RuleBasedStateMachine):
 
     def _configure(self, ledger: Ledger) -> None:
         """The quotas, namespaces and node labels of this machine, on ``ledger``."""
-        ledger.quotas.deny_unselected = self.ledger.quotas.deny_unselected
+        ledger.set_deny_unselected(self.ledger.quotas.deny_unselected)
         for namespace, labels in self.namespace_labels.items():
-            ledger.quotas.set_namespace(namespace, labels)
+            ledger.set_namespace(namespace, labels)
         for rules in self.rules.values():
-            ledger.quotas.set_quota(rules)
+            ledger.set_quota(rules)
         for node, labels in self.node_labels.items():
             ledger.set_node_labels(node, labels)
 

@@ -15,9 +15,9 @@ LATER = T0 + timedelta(minutes=10)
 
 def _under_quota(book: Ledger, **rules: object) -> None:
     for namespace in ("a", "b", "other"):
-        book.quotas.set_namespace(namespace, {"team": "t" if namespace != "other" else "o"})
+        book.set_namespace(namespace, {"team": "t" if namespace != "other" else "o"})
     selector = LabelSelector.model_validate({"matchLabels": {"team": "t"}})
-    book.quotas.set_quota(QuotaRules(name="team", namespaces=selector, **rules))  # type: ignore[arg-type]
+    book.set_quota(QuotaRules(name="team", namespaces=selector, **rules))  # type: ignore[arg-type]
 
 
 def test_a_waiter_whose_quota_lifetime_runs_out_is_refused_expired_not_left_waiting() -> None:
@@ -67,16 +67,16 @@ def test_a_namespace_not_seen_yet_counts_under_the_quota_that_names_it() -> None
     selector = LabelSelector.model_validate(
         {"matchLabels": {"kubernetes.io/metadata.name": "unseen"}}
     )
-    book.quotas.set_quota(QuotaRules(name="by-name", namespaces=selector, ram_mb=2048))
+    book.set_quota(QuotaRules(name="by-name", namespaces=selector, ram_mb=2048))
     assert book.reserve(entry("unseen/big", 4096), T0).reason == Reason.QUOTA_EXCEEDED
     assert book.reserve(entry("unseen/a", 1024), T0).admitted
     assert book.quotas.used("by-name").ram_mb == 1024
     refused = book.reserve(entry("unseen/b", 2048), T0)
     assert refused.reason == Reason.QUOTA_EXCEEDED
-    book.quotas.set_namespace("gone", {"kubernetes.io/metadata.name": "gone"})
-    book.quotas.remove_namespace("gone")
+    book.set_namespace("gone", {"kubernetes.io/metadata.name": "gone"})
+    book.remove_namespace("gone")
     assert "gone" not in book.quotas.seen_namespaces()
-    book.quotas.remove_namespace("unseen")  # still holds: still counted
+    book.remove_namespace("unseen")  # still holds: still counted
     assert book.quotas.used("by-name").ram_mb == 1024
 
 
@@ -90,7 +90,7 @@ def test_a_waiter_its_changed_quota_now_forbids_holds_back_no_one_under_strict_f
     assert book.reserve_or_wait(entry("a/big", 2048), T0, LATER, strict=True).queued
     selector = LabelSelector.model_validate({"matchLabels": {"team": "t"}})
     cpu_only = LabelSelector.model_validate({"matchLabels": {"pool": "cpu"}})
-    book.quotas.set_quota(QuotaRules(name="team", namespaces=selector, nodes=cpu_only))
+    book.set_quota(QuotaRules(name="team", namespaces=selector, nodes=cpu_only))
     assert book.admit_waiting(T0, ["n1"], strict=True) == []
     later = entry("other/small", 512, at=T0 + timedelta(seconds=1))
     assert book.reserve_or_wait(later, T0, LATER, strict=True).admitted

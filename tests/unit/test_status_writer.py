@@ -45,7 +45,7 @@ def test_a_decision_changed_as_its_previous_write_is_confirmed_is_written_too() 
             Phase.QUEUED, Reason.INSUFFICIENT_RAM, "waits", AT, decision_id="d1"
         )
         record = Record("uid-1", "ml", "r", "n1", queued)
-        state.records[record.uid] = record
+        assert state.remember(record)
         transport = Recorded()
         writer: StatusWriter
 

@@ -220,7 +220,7 @@ class Admission:
                     extra=about(pending.namespace, pending.name, pending.uid, node),
                 )
                 self._refuse(pending, Reason.INVALID_SPEC, f"could not be decided: {error}")
-        if decided & self._state.room_nodes:
+        if self._state.room_marked(decided):
             self._wake.set()  # waiters held back behind these may go now
 
     def _ready(self, pending: Pending) -> bool:
@@ -299,20 +299,19 @@ class Admission:
         """Decide what waits: refuse those whose wait ran out, admit those that fit now."""
         state, now = self._state, self._clock.now()
         for verdict in state.ledger.wait_over(now):
-            record = self._waiting_record(verdict.entry.id)
+            record = state.waiting_record(verdict.entry.id)
             if record is not None:
-                state.waiters.pop(record.entry_id, None)
-                state.room_nodes.add(record.node)  # strict FIFO: the next one may go now
+                state.wait_ended(record)
                 self._decide_again(record, Phase.REJECTED, verdict.reason, verdict.message)
-        nodes, state.room_nodes = state.room_nodes, set()
+        nodes = state.take_room()
         self._room_on(nodes)
         if not nodes or not len(state.ledger.waiting):
             return
         undecided = self._oldest_undecided() if self._strict else {}
-        state.room_nodes |= nodes & undecided.keys()  # settled again once those are decided
+        state.mark_room(*(nodes & undecided.keys()))  # settled again once those are decided
         admitted = state.ledger.admit_waiting(now, nodes, strict=self._strict, undecided=undecided)
         for verdict in admitted:
-            record = self._waiting_record(verdict.entry.id)
+            record = state.waiting_record(verdict.entry.id)
             if record is None:  # cannot happen: every waiting entry has its record
                 state.ledger.release(verdict.entry.id)
                 continue
@@ -342,10 +341,6 @@ class Admission:
                 oldest[node] = key
         return oldest
 
-    def _waiting_record(self, entry_id: str) -> Record | None:
-        uid = self._state.waiters.get(entry_id)
-        return self._state.records.get(uid) if uid is not None else None
-
     def _decide_again(
         self,
         record: Record,
@@ -373,7 +368,7 @@ class Admission:
         record.decision = decision
         record.changed_at = self._clock.monotonic()
         record.confirmed = record.announced = False
-        self._state.dirty_nodes.add(record.node)
+        self._state.mark_dirty(record.node)
         self._writer.ensure(record.uid)
 
     def _refuse(self, pending: Pending, reason: Reason, message: str) -> None:

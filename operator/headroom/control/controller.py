@@ -87,7 +87,7 @@ class Controller:
         self.supervisor = supervisor or Supervisor()
         self._follow_watches = follow_watches
         self.state = State(config.limits.to_limits())
-        self.state.ledger.quotas.deny_unselected = config.quotas.unselected_namespaces == "Deny"
+        self.state.ledger.set_deny_unselected(config.quotas.unselected_namespaces == "Deny")
         self.events = events or EventRecorder(transport, clock=self.clock)
         self.ready = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
@@ -235,7 +235,7 @@ class Controller:
                 create=key_config.create,
                 labels=key_config.labels,
             )
-            self.state.stamper = Stamper(key.key, adopting=key.adopting)
+            self.state.use_stamper(Stamper(key.key, adopting=key.adopting))
         versions = await self.rebuild()
         scheduler = self.config.binding_for
         if scheduler is not None:  # the waiters an earlier leader knew; room may be back
@@ -304,7 +304,7 @@ class Controller:
             taking.take()
         names = [feed.name for feed in self.feeds]
         versions = {name: taking.version for name, taking in zip(names, listed, strict=True)}
-        self.state.dirty_nodes.update(self.state.node_uids)
+        self.state.mark_dirty(*self.state.node_uids)
         log.info(
             "ledger rebuilt in %.2fs: %d nodes, %d owner pods, %d reservations held, %d undecided",
             self.clock.monotonic() - started,

@@ -58,10 +58,7 @@ class GpuInventories:
         self._bad[name] = inventory.problems
         vram: int | None = None
         devices: Devices = None
-        if inventory.source is not None:
-            state.gpu_sources[name] = inventory.source.value
-        else:
-            state.gpu_sources.pop(name, None)
+        state.set_gpu_source(name, inventory.source.value if inventory.source is not None else None)
         if inventory.devices is not None:
             vram, devices = inventory.total_mb, inventory.devices
         elif inventory.source is not None and inventory.pending and not inventory.problems:
@@ -81,7 +78,7 @@ class GpuInventories:
 
     def forget(self, name: str) -> None:
         """The Node is gone."""
-        self._state.gpu_sources.pop(name, None)
+        self._state.set_gpu_source(name, None)
         self._applied.pop(name, None)
         self._bad.pop(name, None)
         self._over.pop(name, None)

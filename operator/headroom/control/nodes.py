@@ -77,26 +77,21 @@ class Nodes(WatchedFeed):
             return
         state = self._state
         if listed_at is None:
-            state.node_seen[name] = self._clock.monotonic()
-        elif state.node_seen.get(name, float("-inf")) >= listed_at:
+            state.saw_node(name, self._clock.monotonic())
+        elif state.node_seen_since(name, listed_at):
             return  # a watch event since the snapshot was asked for may be newer
         if event_type == DELETED:
-            state.node_uids.pop(name, None)
-            state.node_labels.pop(name, None)
-            state.ledger.set_node_labels(name, None)
-            state.node_facts.pop(name, None)
-            state.ledger.remove_node(name)
+            state.remove_node(name)
             self._bad_values.pop(name, None)
             self._inventories.forget(name)
             self._last.pop(name, None)
             self._tasks.spawn(self._delete_summary(name))
             self._changed()
             return
-        state.node_uids[name] = meta.get("uid", "")
+        state.set_node_uid(name, meta.get("uid", ""))
         labels = meta.get("labels") or {}
-        state.node_labels[name] = {str(k): str(v) for k, v in labels.items()}
-        state.ledger.set_node_labels(name, state.node_labels[name])  # quotas' nodeSelectors
-        state.node_facts[name] = node_facts(obj)
+        state.set_node_labels(name, {str(k): str(v) for k, v in labels.items()})
+        state.set_node_facts(name, node_facts(obj))
         capacity = node_capacity(obj, state.limits, self._config.ram_source)
         if capacity.problems and capacity.problems != self._bad_values.get(name):
             self._events.record(
@@ -109,8 +104,7 @@ class Nodes(WatchedFeed):
         inventory_part = _inventory_part(meta)
         self._last[name] = (inventory_part, capacity)
         self._inventories.apply(self._ref(name), inventory_part, capacity)
-        state.dirty_nodes.add(name)
-        state.room_nodes.add(name)  # it may have grown, or its limits loosened
+        state.mark_changed(name)  # it may have grown, or its limits loosened
         self._changed()
 
     def refresh(self, names: set[str]) -> None:
@@ -126,8 +120,7 @@ class Nodes(WatchedFeed):
             except Exception:  # one node must never stop the others
                 log.exception("GPU inventory of node %s not applied", name)
                 continue
-            state.dirty_nodes.add(name)
-            state.room_nodes.add(name)
+            state.mark_changed(name)
             refreshed = True
         if refreshed:
             self._changed()
@@ -142,7 +135,7 @@ class Nodes(WatchedFeed):
         self.take(nodes, listed_at=started)
         listed = {(node.get("metadata") or {}).get("name") for node in nodes}
         for name in [n for n in self._state.node_uids if n not in listed]:
-            if self._state.node_seen.get(name, float("-inf")) < started:
+            if not self._state.node_seen_since(name, started):
                 await self._read_back(name)
         return version
 

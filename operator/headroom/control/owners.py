@@ -93,7 +93,7 @@ class Owners(WatchedFeed):
         if listed_at is not None and seen is not None and seen.seen_at >= listed_at:
             return  # a watch event since the snapshot was asked for may be newer
         if event_type == "DELETED" or not is_owner_pod(obj):
-            state.owner_pods.pop(key, None)
+            state.forget_pod(key)
             self._bad.pop(key, None)
             if key in state.owned:
                 self.check_gone(key)  # deleted, or only unlabelled? ask
@@ -125,7 +125,7 @@ class Owners(WatchedFeed):
             self._bad.pop(key, None)
         when = self._clock.monotonic() if listed_at is None else listed_at
         placed = placed_by_operator(obj, self._scheduler)
-        state.owner_pods[key] = SeenPod(uid, value, when, running_claim(obj), placed)
+        state.saw_pod(key, SeenPod(uid, value, when, running_claim(obj), placed))
         for record in state.owners_of(key):
             self._observe(record, POD, value)
 
@@ -177,9 +177,7 @@ class Owners(WatchedFeed):
         """A list of labelled pods asked for at ``listed_at``; every owner it lacks is read."""
         listed = deliver_listed(pods, self.on_event, listed_at=listed_at)
         state = self._state
-        for key in [k for k, seen in state.owner_pods.items() if k not in listed]:
-            if state.owner_pods[key].seen_at < listed_at:
-                del state.owner_pods[key]
+        state.prune_pods(listed, listed_at)
         for key in list(state.owned):
             if key not in listed:
                 self.check_gone(key)

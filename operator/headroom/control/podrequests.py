@@ -69,8 +69,7 @@ class PodRequestsFeed(WatchedFeed):
             log.exception("pod %s/%s not handled", *key)
             return
         if moved:
-            self._state.dirty_nodes.update(moved)
-            self._state.room_nodes.update(moved)
+            self._state.mark_changed(*moved)
             self._changed()
 
     def _apply(self, event_type: str | None, key: PodKey, obj: JSON) -> set[str]:
@@ -111,13 +110,12 @@ class PodRequestsFeed(WatchedFeed):
             del self._seen[key]
             moved = self._state.ledger.remove_pod_request(key)
             moved |= self._state.ledger.set_device_plugin_pod(key, None, 0)
-            self._state.dirty_nodes.update(moved)
-            self._state.room_nodes.update(moved)
+            self._state.mark_changed(*moved)
         self._changed()
         ledger = self._state.ledger
         log.info(
             "pods' memory requests: %d bound pods; %d holding device-plugin GPUs",
-            len(ledger.pod_requests),
-            ledger.external.pods_with_gpus(),
+            ledger.bound_pods(),
+            ledger.pods_with_gpus(),
         )
         return str(version)

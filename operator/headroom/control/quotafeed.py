@@ -88,12 +88,12 @@ class QuotaFeed:
             log.exception("HeadroomQuota %s not handled", name)
 
     def _apply_quota(self, name: str, obj: JSON | None) -> None:
-        quotas = self._state.ledger.quotas
+        ledger = self._state.ledger
         if obj is None:
             self.quota_objects.pop(name, None)
             self.unusable.pop(name, None)
             self._warned.pop(name, None)
-            if quotas.remove_quota(name):
+            if ledger.remove_quota(name):
                 self._changed()
             return
         metadata = obj.get("metadata") or {}
@@ -115,12 +115,12 @@ class QuotaFeed:
             self._warned.pop(name, None)
         if rules is None:
             self.unusable[name] = problem or ""
-            quotas.remove_quota(name)
+            ledger.remove_quota(name)
         else:
             self.unusable.pop(name, None)
-            if quotas.rules(name) == rules:
+            if ledger.quotas.rules(name) == rules:
                 return
-            quotas.set_quota(rules)
+            ledger.set_quota(rules)
         self._changed()
 
     def on_namespace(
@@ -130,13 +130,13 @@ class QuotaFeed:
         name = metadata.get("name")
         if not isinstance(name, str) or not name or not self._fresh(NAMESPACE, name, listed_at):
             return
-        quotas = self._state.ledger.quotas
+        ledger = self._state.ledger
         if event_type == DELETED:
-            quotas.remove_namespace(name)
+            ledger.remove_namespace(name)
             return  # what it held goes with its reservations' deletions
         labels = metadata.get("labels")
         labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
-        if quotas.set_namespace(name, labels):
+        if ledger.set_namespace(name, labels):
             self._changed()
         elif name in self._lookups:
             self._wake()  # a reservation waiting for this namespace may be decided now
@@ -153,7 +153,7 @@ class QuotaFeed:
     def _changed(self) -> None:
         """What governs some namespace changed: waiters for a quota may go (or be denied)."""
         state = self._state
-        state.room_nodes |= state.ledger.quota_waiters()
+        state.mark_room(*state.ledger.quota_waiters())
         self._wake()
         self._rules_changed()
 
@@ -195,7 +195,7 @@ class QuotaFeed:
             self.on_namespace(None, obj, listed_at=asked)
             if not self._state.ledger.quotas.knows_namespace(namespace):
                 # A watch event came in between and was newer: it has spoken already.
-                self._state.ledger.quotas.set_namespace(
+                self._state.ledger.set_namespace(
                     namespace, {"kubernetes.io/metadata.name": namespace}
                 )
         finally:

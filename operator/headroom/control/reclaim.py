@@ -138,7 +138,7 @@ class Reclaimer:
         while self._deletions and self._deletions[0][0] <= now:
             _, namespace, name, uid = heapq.heappop(self._deletions)
             self._tasks.spawn(self._delete(namespace, name, uid))
-        state.dirty_nodes.update(state.ledger.nodes())  # stale counts change with time
+        state.mark_dirty(*state.ledger.nodes())  # stale counts change with time
 
     async def _confirm_silence(self, record: Record, message: str) -> None:
         """Reclaim as stale only if the API shows no heartbeat the operator has not seen."""

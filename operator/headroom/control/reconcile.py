@@ -181,15 +181,12 @@ class Reconciler:
             self._admission.submit(obj)
             return
         record.node, record.pod = entry.node, entry.owner.pod
-        ledger = self._state.ledger
-        # The lifetime its quota gives ends its wait as before the start, not its wait alone.
-        given = ledger.quotas.expiry(entry) if entry.expires_at is None else None
-        record.decision.position = ledger.waiting.add(entry, entry.wait_until, expires=given)
+        record.decision.position = self._state.ledger.requeue(entry, entry.wait_until)
         if self._state.remember(record):
-            self._state.room_nodes.add(entry.node)
+            self._state.mark_room(entry.node)
             self._admission.wake()
         else:
-            self._state.ledger.waiting.remove(entry.id)
+            self._state.ledger.stop_waiting(entry.id)
 
     def _restore_admitted(self, obj: JSON, record: Record) -> None:
         """A trusted admission this process does not hold (after a start): hold it again,

@@ -82,8 +82,7 @@ class ResourceClaims(DraFeed):
         else:
             self._held.add(key)
         if moved:
-            self._state.dirty_nodes.update(moved)
-            self._state.room_nodes.update(moved)
+            self._state.mark_changed(*moved)
             self._changed()
 
     def _take(self, objs: list[JSON], listed_at: float, *, rebuilding: bool) -> None:
@@ -103,7 +102,7 @@ class ResourceClaims(DraFeed):
         if version is not None:
             log.info(
                 "ResourceClaims: %d allocated on devices of %s",
-                self._state.ledger.external.claims_allocated(),
+                self._state.ledger.claims_allocated(),
                 ", ".join(sorted(self._drivers)),
             )
         return version

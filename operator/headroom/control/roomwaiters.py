@@ -5,7 +5,7 @@ unschedulable pool. The scheduler tries it again on cluster events (a Pod, Node,
 changed), or after five minutes. The ledger's room comes back without such an event (a
 reservation released, a quota raised, a node's limit loosened), so the scheduler would
 not know. The leader does: whenever the decider is told room may have come back on some
-nodes (``state.room_nodes``), each waiter that would pass the filter on one of them now
+nodes (``State.mark_room``), each waiter that would pass the filter on one of them now
 gets an annotation written (``headroom.dev/room``); that update requeues it in the
 scheduler within milliseconds (design, M8).
 

@@ -79,8 +79,8 @@ class Slices(DraFeed):
             return set()
         state = self._state
         if listed_at is None:
-            state.slice_seen[name] = self._clock.monotonic()
-        elif state.slice_seen.get(name, float("-inf")) >= listed_at:
+            state.saw_slice(name, self._clock.monotonic())
+        elif state.slice_seen_since(name, listed_at):
             return set()  # a watch event since the snapshot was asked for may be newer
         node = self._node_of(obj)
         if event_type == DELETED or node is None:
@@ -89,8 +89,7 @@ class Slices(DraFeed):
         if old == obj:
             return set()
         changed = self._remove(name)
-        state.slices[name] = obj
-        state.slices_by_node.setdefault(node, set()).add(name)
+        state.keep_slice(name, node, obj)
         return changed | {node}
 
     def _node_of(self, obj: JSON) -> str | None:
@@ -102,17 +101,13 @@ class Slices(DraFeed):
         return node if isinstance(node, str) and node else None
 
     def _remove(self, name: str) -> set[str]:
-        old = self._state.slices.pop(name, None)
+        old = self._state.pop_slice(name)
         if old is None:
             return set()
         node = self._node_of(old)
         if node is None:
             return set()
-        names = self._state.slices_by_node.get(node)
-        if names is not None:
-            names.discard(name)
-            if not names:
-                del self._state.slices_by_node[node]
+        self._state.unindex_slice(name, node)
         return {node}
 
     # -- lists -----------------------------------------------------------------------------
@@ -131,10 +126,8 @@ class Slices(DraFeed):
                     "ResourceSlice %s not handled", (obj.get("metadata") or {}).get("name")
                 )
         for name in [n for n in state.slices if n not in listed]:
-            if state.slice_seen.get(name, float("-inf")) < listed_at:
+            if not state.slice_seen_since(name, listed_at):
                 changed |= self._remove(name)
-        old = listed_at - SEEN_KEPT
-        for name in [n for n, at in state.slice_seen.items() if at < old and n not in state.slices]:
-            del state.slice_seen[name]
+        state.prune_slice_times(listed_at - SEEN_KEPT)
         if changed and not rebuilding:
             self._refresh(changed)

@@ -86,7 +86,7 @@ class Summaries:
     async def flush(self) -> None:
         """Write every dirty node's NodeHeadroom whose figures changed."""
         state, now = self._state, self._clock.now()
-        dirty, state.dirty_nodes = state.dirty_nodes, set()
+        dirty = state.take_dirty()
         writes = []
         for node in sorted(dirty):  # sorted: the simulation replays the same order
             if node not in state.node_uids:
@@ -119,14 +119,14 @@ class Summaries:
         writes: list[Coroutine[Any, Any, None]] = []
         for node in nodes:
             for number, waiting in enumerate(state.ledger.waiting.on(node), 1):
-                record = state.records.get(state.waiters.get(waiting.entry.id, ""))
+                record = state.waiting_record(waiting.entry.id)
                 if record is None or record.decision.position == number:
                     continue
                 if not record.confirmed:  # its decision, when written, carries the new place
                     record.decision.position = number
                     continue
                 if len(writes) >= MAX_POSITION_WRITES:
-                    state.dirty_nodes.add(node)  # the rest at the next flush
+                    state.mark_dirty(node)  # the rest at the next flush
                     break
                 record.decision.position = number
                 writes.append(self._write_position(record, node, number))
@@ -144,7 +144,7 @@ class Summaries:
         except (ApiError, ApiUnavailableError, TimeoutError) as error:
             if record.decision.position == number:
                 record.decision.position = None  # written again at a later flush
-            self._state.dirty_nodes.add(node)
+            self._state.mark_dirty(node)
             log.debug("queuePosition of %s not written: %s", record.entry_id, error)
 
     def _unbuildable_summary(self, node: str, error: Exception) -> None:
@@ -165,7 +165,7 @@ class Summaries:
         body = {"status": {**status, "updatedAt": timestamp(now)}}
         path = node_headroom_path(node, "status")
         if not self._may_act():
-            self._state.dirty_nodes.add(node)
+            self._state.mark_dirty(node)
             return
         labels = dict(self._state.node_labels.get(node, {}))
         try:
@@ -181,7 +181,7 @@ class Summaries:
                 if self._written_labels.get(node) != labels:
                     await self._write_labels(node, labels)
         except (ApiError, ApiUnavailableError, TimeoutError):
-            self._state.dirty_nodes.add(node)  # written at the next flush
+            self._state.mark_dirty(node)  # written at the next flush
             raise
         self._written[node] = status
         self._written_labels[node] = labels
@@ -248,7 +248,7 @@ class Summaries:
             log.info("NodeHeadroom %s has no Node (or an older one's); deleted", name)
             self._written.pop(name, None)
             if node_uid is not None:
-                self._state.dirty_nodes.add(name)  # written again for the Node that is there
+                self._state.mark_dirty(name)  # written again for the Node that is there
             try:
                 await self._transport.delete(node_headroom_path(name), uid=uid)
             except ApiError as error:

@@ -46,14 +46,14 @@ from headroom.ledger.entry import Entry
 from headroom.ledger.external import ClaimKey, DraClaim, ExternalHoldings
 from headroom.ledger.node import NodeState
 from headroom.ledger.podrequests import PodKey, PodRequests
-from headroom.ledger.queue import Waiting, WaitQueues
-from headroom.ledger.quotas import Quotas, namespace_of
+from headroom.ledger.queue import Waiting, WaitingView, WaitQueues
+from headroom.ledger.quotas import QuotaRules, Quotas, QuotaView, namespace_of
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
 
 class Ledger:
     def __init__(self, limits: Limits) -> None:
-        self.limits = limits
+        self._limits = limits
         self._nodes: dict[str, NodeState] = {}
         self._entries: dict[str, Entry] = {}
         self._deadlines: list[tuple[datetime, int, str]] = []
@@ -62,10 +62,10 @@ class Ledger:
         self._reserved_mb = self._released_mb = self._reclaimed_mb = 0
         self._restored_mb = 0  # held again at a start, not admitted by this ledger
         self._failures: Counter[Reason] = Counter()
-        self.waiting = WaitQueues()
-        self.pod_requests = PodRequests()
-        self.external = ExternalHoldings()  # GPUs held outside Headroom (ledger.external)
-        self.quotas = Quotas()
+        self._waiting = WaitQueues()
+        self._pod_requests = PodRequests()
+        self._external = ExternalHoldings()  # GPUs held outside Headroom (ledger.external)
+        self._quotas = Quotas()
         self._quota_changes_seen = 0  # Quotas.changes when pods' waiters were last looked at
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
@@ -73,35 +73,47 @@ class Ledger:
     def _node(self, name: str) -> NodeState:
         state = self._nodes.get(name)
         if state is None:
-            state = self._nodes[name] = NodeState(name, self.limits, external=self.external)
-            state.pod_requests_mb = self.pod_requests.on(name)
+            state = self._nodes[name] = NodeState(name, self._limits, external=self._external)
+            state.pod_requests_mb = self._pod_requests.on(name)
         return state
 
     # -- pods placed by the scheduler (headroom.ledger.podrequests) ------------------------
 
     def set_pod_request(self, key: PodKey, node: str, request_mb: int) -> set[str]:
         """A pod bound to ``node`` requests ``request_mb``; the nodes whose limit moved."""
-        return self._apply(self.pod_requests.set_pod(key, node, request_mb))
+        return self._apply(self._pod_requests.set_pod(key, node, request_mb))
 
     def remove_pod_request(self, key: PodKey) -> set[str]:
-        return self._apply(self.pod_requests.remove_pod(key))
+        return self._apply(self._pod_requests.remove_pod(key))
 
     def _apply(self, nodes: set[str]) -> set[str]:
         for node in nodes:
             state = self._nodes.get(node)
             if state is not None:
-                state.pod_requests_mb = self.pod_requests.on(node)
+                state.pod_requests_mb = self._pod_requests.on(node)
         return nodes
 
     # -- GPUs held outside Headroom (headroom.ledger.external) ----------------------------
 
     def set_resource_claim(self, key: ClaimKey, claim: DraClaim | None) -> set[str]:
         """A DRA ResourceClaim's allocation (None: deallocated or gone); the nodes it moved."""
-        return self._touch(self.external.set_claim(key, claim))
+        return self._touch(self._external.set_claim(key, claim))
 
     def set_device_plugin_pod(self, key: PodKey, node: str | None, gpus: int) -> set[str]:
         """A pod bound to ``node`` holds ``gpus`` device-plugin GPUs (None or 0: none)."""
-        return self._touch(self.external.set_pod(key, node, gpus))
+        return self._touch(self._external.set_pod(key, node, gpus))
+
+    def bound_pods(self) -> int:
+        """How many pods the scheduler bound count here with their memory requests."""
+        return len(self._pod_requests)
+
+    def pods_with_gpus(self) -> int:
+        """How many pods hold device-plugin GPUs."""
+        return self._external.pods_with_gpus()
+
+    def claims_allocated(self) -> int:
+        """How many DRA ResourceClaims hold devices."""
+        return self._external.claims_allocated()
 
     def _touch(self, nodes: set[str]) -> set[str]:
         for node in nodes:
@@ -114,7 +126,7 @@ class Ledger:
         if entry.owner.pod:
             namespace = entry.id.split("/", 1)[0]
             key = (namespace, entry.owner.pod)
-            self._apply(self.pod_requests.claim(key, entry.node, sign * entry.ram_mb))
+            self._apply(self._pod_requests.claim(key, entry.node, sign * entry.ram_mb))
 
     def set_node_capacity(
         self,
@@ -127,7 +139,7 @@ class Ledger:
         state = self._node(node)
         old_window = state.limits.heartbeat_stale_window
         state.total_ram_mb, state.vram_mb = total_ram_mb, vram_mb
-        state.limits = limits or self.limits
+        state.limits = limits or self._limits
         state.changed()
         if state.limits.heartbeat_stale_window < old_window:
             for entry in state.entries.values():  # deadlines moved earlier
@@ -142,12 +154,39 @@ class Ledger:
         the node had an inventory, or before the upgrade that brought devices) are
         placed now, oldest first, so that new claims see them.
         """
-        self.external.set_devices(node, devices)
+        self._external.set_devices(node, devices)
         self._node(node).set_devices(devices)
 
     def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
         """The Node's labels, for the quotas' nodeSelectors (None: the Node is gone)."""
-        self.quotas.set_node_labels(node, labels)
+        self._quotas.set_node_labels(node, labels)
+
+    # -- quotas (headroom.ledger.quotas) ------------------------------------------------------
+
+    @property
+    def quotas(self) -> QuotaView:
+        """The quotas and what their namespaces hold, read-only: the methods below change them."""
+        return self._quotas
+
+    def set_quota(self, rules: QuotaRules) -> None:
+        """A HeadroomQuota created or changed (:meth:`Quotas.set_quota`)."""
+        self._quotas.set_quota(rules)
+
+    def remove_quota(self, name: str) -> bool:
+        """A HeadroomQuota deleted, or unusable; whether it was there."""
+        return self._quotas.remove_quota(name)
+
+    def set_namespace(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """A Namespace seen with these labels; whether what governs it changed."""
+        return self._quotas.set_namespace(namespace, labels)
+
+    def remove_namespace(self, namespace: str) -> None:
+        """The Namespace is gone (:meth:`Quotas.remove_namespace`)."""
+        self._quotas.remove_namespace(namespace)
+
+    def set_deny_unselected(self, deny: bool) -> None:
+        """Whether a namespace no quota selects may hold nothing (else: no limit)."""
+        self._quotas.deny_unselected = deny
 
     def over_committed_devices(self, node: str) -> list[device_math.OverCommit]:
         """Devices of ``node`` holding more than their limit, or gone while held."""
@@ -163,11 +202,11 @@ class Ledger:
         state = self._nodes.get(node)
         if state is None:
             return
-        self.external.set_devices(node, None)
+        self._external.set_devices(node, None)
         if state.entries:
             old_window = state.limits.heartbeat_stale_window
             state.total_ram_mb = state.vram_mb = state.devices = None
-            state.limits = self.limits
+            state.limits = self._limits
             state.changed()
             if state.limits.heartbeat_stale_window < old_window:
                 for entry in state.entries.values():
@@ -178,11 +217,29 @@ class Ledger:
     def quota_waiters(self, namespace: str | None = None) -> set[str]:
         """Nodes whose waiters may fit now that ``namespace`` released memory, or (None) a
         quota or a namespace's labels changed: those waiting for a quota it shares."""
-        if not self.waiting.any_for_quota:
+        if not self._waiting.any_for_quota:
             return set()
         if namespace is None:
-            return self.waiting.for_quota()
-        return self.waiting.for_quota(partial(self.quotas.share, namespace))
+            return self._waiting.for_quota()
+        return self._waiting.for_quota(partial(self._quotas.share, namespace))
+
+    @property
+    def waiting(self) -> WaitingView:
+        """What waits for room, read-only: :meth:`reserve_or_wait`, :meth:`requeue`,
+        :meth:`stop_waiting` and the ledger's own decisions change it."""
+        return self._waiting
+
+    def requeue(self, entry: Entry, until: datetime, *, for_quota: bool = False) -> int:
+        """Put back in its node's queue, waiting until ``until``, a reservation that waited
+        before a start (not decided again); its position there (1 is next). The lifetime
+        its quota gives ends its wait as before the start, not its wait alone."""
+        given = self._quotas.expiry(entry) if entry.expires_at is None else None
+        return self._waiting.add(entry, until, for_quota=for_quota, expires=given)
+
+    def stop_waiting(self, entry_id: str) -> Entry | None:
+        """The reservation waits no more (decided by its owner, or gone); its entry, if
+        it waited."""
+        return self._waiting.remove(entry_id)
 
     def knows(self, node: str) -> bool:
         """Whether the node's capacity is known, so that admission can be decided on it."""
@@ -194,9 +251,14 @@ class Ledger:
         state = self._nodes.get(node)
         return (state.total_ram_mb, state.vram_mb) if state is not None else (None, None)
 
+    @property
+    def limits(self) -> Limits:
+        """The default limits: a node's own, if any, are :meth:`limits_for` it."""
+        return self._limits
+
     def limits_for(self, node: str) -> Limits:
         state = self._nodes.get(node)
-        return state.limits if state is not None else self.limits
+        return state.limits if state is not None else self._limits
 
     def nodes(self) -> list[str]:
         return list(self._nodes)
@@ -242,8 +304,8 @@ class Ledger:
             return self.reserve(entry, now)
         reason, message = refusal
         if until is not None and until > now and reason in WAITABLE:
-            given = self.quotas.expiry(entry) if entry.expires_at is None else None
-            position = self.waiting.add(
+            given = self._quotas.expiry(entry) if entry.expires_at is None else None
+            position = self._waiting.add(
                 entry,
                 until,
                 # Refused by its quota, or waiting only behind others of its quota.
@@ -269,8 +331,8 @@ class Ledger:
     ) -> tuple[tuple[Reason, str] | None, int]:
         for_room = for_quota = 0
         if strict:
-            shares = partial(self.quotas.share, namespace_of(entry.id))
-            for_room, for_quota = self.waiting.ahead_of(entry, shares)
+            shares = partial(self._quotas.share, namespace_of(entry.id))
+            for_room, for_quota = self._waiting.ahead_of(entry, shares)
         ahead = for_room + for_quota
         # Waiters ahead make it wait too, unless it is refused for good: then it is
         # refused at once (a wait would only run out).
@@ -345,7 +407,7 @@ class Ledger:
         worked out once: a scheduler's filter asks it of a thousand nodes per pod."""
         home, out = entry.node, {}
         before_node = self._entry_refusal(entry, now)
-        alike = self.quotas.node_independent(namespace_of(entry.id))
+        alike = self._quotas.node_independent(namespace_of(entry.id))
         by_quota = self._quota_refusal(entry, now) if before_node is None and alike else None
         try:
             for node in nodes:
@@ -383,24 +445,24 @@ class Ledger:
         for node in sorted(set(nodes)):
             oldest_undecided = (undecided or {}).get(node)
             held_back: list[str] = []  # namespaces whose quota's head waits on this node
-            for waiting in self.waiting.on(node):
+            for waiting in self._waiting.on(node):
                 entry = waiting.entry
                 namespace = namespace_of(entry.id)
-                if any(self.quotas.share(namespace, head) for head in held_back):
+                if any(self._quotas.share(namespace, head) for head in held_back):
                     # Behind the head of its own quota: it waits for that quota too.
-                    self.waiting.still_refused(entry.id, for_quota=True)
+                    self._waiting.still_refused(entry.id, for_quota=True)
                     continue
                 if strict and oldest_undecided and oldest_undecided < waiting.key:
                     break  # an older one, not decided yet, goes first
                 refusal = self._refusal(entry, now)
                 if refusal is None:
-                    self.waiting.remove(entry.id)
+                    self._waiting.remove(entry.id)
                     admitted.append(self.reserve(entry, now))
                     before_last_admission = len(passed)
                     continue
                 # Refused by its quota (even for good, as it changed since), or found
                 # expired: it holds back no one on the node.
-                self.waiting.still_refused(
+                self._waiting.still_refused(
                     entry.id,
                     for_quota=refusal[0] in QUOTA_REASONS or refusal[0] == Reason.ALREADY_EXPIRED,
                 )
@@ -421,7 +483,7 @@ class Ledger:
         for waiting in passed:
             refusal = self._refusal(waiting.entry, now)
             if refusal is not None:
-                self.waiting.still_refused(
+                self._waiting.still_refused(
                     waiting.entry_id,
                     for_quota=refusal[0] in QUOTA_REASONS or refusal[0] == Reason.ALREADY_EXPIRED,
                 )
@@ -429,16 +491,16 @@ class Ledger:
     def wait_over(self, now: datetime) -> list[Decision]:
         """Waiting reservations whose wait, or hard expiry, ran out: refused now."""
         refused = []
-        for waiting in self.waiting.due(now):
+        for waiting in self._waiting.due(now):
             entry = waiting.entry
-            expiry = entry.expires_at or self.quotas.expiry(entry)  # its own, or its quota's
+            expiry = entry.expires_at or self._quotas.expiry(entry)  # its own, or its quota's
             if expiry is not None and expiry <= now:
                 reason, message = (
                     Reason.ALREADY_EXPIRED,
                     f"expired at {expiry.isoformat()} while waiting for room",
                 )
             elif waiting.until > now:  # its quota gives a longer lifetime now: waits on
-                self.waiting.add(entry, waiting.until, for_quota=waiting.for_quota, expires=expiry)
+                self._waiting.add(entry, waiting.until, for_quota=waiting.for_quota, expires=expiry)
                 continue
             else:
                 reason = Reason.WAIT_TIMEOUT
@@ -449,8 +511,8 @@ class Ledger:
                 )
             self._failures[reason] += 1
             refused.append(Decision(False, reason, message, entry))
-        if self.quotas.changes != self._quota_changes_seen:
-            self._quota_changes_seen = self.quotas.changes
+        if self._quotas.changes != self._quota_changes_seen:
+            self._quota_changes_seen = self._quotas.changes
             refused.extend(self._pods_refused_for_good())
         return refused
 
@@ -461,12 +523,12 @@ class Ledger:
         rather than leave it gated for its whole wait (24 h by default) for what cannot
         come. Other waiters wait on: their owners chose the node and the wait."""
         refused = []
-        for node in self.waiting.nodes():
-            for waiting in self.waiting.on(node):
+        for node in self._waiting.nodes():
+            for waiting in self._waiting.on(node):
                 entry = waiting.entry
-                refusal = self.quotas.final_refusal(entry) if entry.pod_lifetime else None
+                refusal = self._quotas.final_refusal(entry) if entry.pod_lifetime else None
                 if refusal is not None:
-                    self.waiting.remove(entry.id)
+                    self._waiting.remove(entry.id)
                     self._failures[refusal[0]] += 1
                     refused.append(Decision(False, refusal[0], refusal[1], entry))
         return refused
@@ -500,10 +562,10 @@ class Ledger:
 
     def _quota_refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
         """Why its namespace's quotas refuse it, or the lifetime they give ran out."""
-        refused_by_quota = self.quotas.refusal(entry)
+        refused_by_quota = self._quotas.refusal(entry)
         if refused_by_quota is not None:
             return refused_by_quota
-        given = self.quotas.expiry(entry) if entry.expires_at is None else None
+        given = self._quotas.expiry(entry) if entry.expires_at is None else None
         if given is not None and given <= now:
             return Reason.ALREADY_EXPIRED, (
                 f"the lifetime its quota gives ran out at {given.isoformat()} "
@@ -514,11 +576,11 @@ class Ledger:
     def _give_expiry(self, entry: Entry) -> None:
         """An entry admitted without an expiry lives as long as its quota gives."""
         if entry.expires_at is None:
-            entry.expires_at = entry.given_expiry = self.quotas.expiry(entry)
+            entry.expires_at = entry.given_expiry = self._quotas.expiry(entry)
 
     def _add(self, state: NodeState, entry: Entry, *, restored: bool = False) -> None:
         state.add(entry)
-        self.quotas.add(entry)
+        self._quotas.add(entry)
         self._entries[entry.id] = entry
         if restored:
             self._restored_mb += entry.ram_mb
@@ -546,7 +608,7 @@ class Ledger:
         self._live.pop(entry_id, None)
         state = self._nodes[entry.node]
         state.remove(entry_id)
-        self.quotas.remove(entry)
+        self._quotas.remove(entry)
         self._claimed(entry, -1)
         if not state.entries and not state.known:
             del self._nodes[entry.node]
@@ -635,7 +697,7 @@ class Ledger:
         while heap and self._live.get(heap[0][2]) != heap[0][1]:
             heapq.heappop(heap)
         deadlines = [heap[0][0]] if heap else []
-        if (waiting := self.waiting.next_deadline()) is not None:
+        if (waiting := self._waiting.next_deadline()) is not None:
             deadlines.append(waiting)
         return min(deadlines, default=None)
 
@@ -709,8 +771,8 @@ class Ledger:
         return allocatable(state) if state else 0
 
     def node_summary(self, node: str, now: datetime) -> NodeSummary:
-        summary = summarize(self._nodes.get(node) or NodeState(node, self.limits), now)
-        queued, queued_mb = self.waiting.totals(node)
+        summary = summarize(self._nodes.get(node) or NodeState(node, self._limits), now)
+        queued, queued_mb = self._waiting.totals(node)
         return replace(summary, queued_entries=queued, queued_ram_mb=queued_mb)
 
     def summary(self, now: datetime) -> ClusterSummary:

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from headroom.ledger import Ledger
-from headroom.ledger.quotas import Quotas
+from headroom.ledger.quotas import QuotaView
 from headroom.ledger.summary import ClusterSummary
 
 PREFIX = "headroom"
@@ -189,7 +189,7 @@ def node_families(summary: ClusterSummary) -> Iterator[Metric]:
     yield device_external
 
 
-def quota_families(quotas: Quotas) -> Iterator[Metric]:
+def quota_families(quotas: QuotaView) -> Iterator[Metric]:
     """Per HeadroomQuota: what its namespaces may hold together (a limit is absent where
     the quota sets none) and what they hold, in total and per namespace holding any."""
     label = ["quota"]
