@@ -128,5 +128,16 @@ def test_a_new_incarnation_waits_in_its_predecessors_place_not_behind_it() -> No
     assert [w.entry for w in book.waiting.on("n1")] == [again]
     later = entry("ns/other", 512, at=T0 + timedelta(seconds=5))
     assert book.reserve_or_wait(later, T0, LATER).position == 2
-    book.waiting.remove("ns/pod")
+    book.stop_waiting("ns/pod")
     assert [w.entry_id for w in book.waiting.on("n1")] == ["ns/other"]
+
+
+def test_a_new_incarnation_admitted_at_once_leaves_no_wait_of_its_predecessor() -> None:
+    book = ledger(total=5120)
+    assert book.reserve(entry("holder", 4096), T0).admitted
+    assert book.reserve_or_wait(entry("ns/pod", 1024, at=T0), T0, LATER).queued
+    book.release("holder")
+    again = entry("ns/pod", 512, at=T0 + timedelta(seconds=3))
+    assert book.reserve_or_wait(again, T0, LATER).admitted  # before the queue's next pass
+    assert book.waiting.on("n1") == []
+    assert book.admit_waiting(T0, ["n1"]) == []  # no DuplicateID refusal for ever after

@@ -74,3 +74,14 @@ def test_each_watched_kind_is_declared_once_and_the_rebuild_order_is_the_safety_
         assert paths["pods"] == paths["claims"] == paths["all-pods"] == PODS
 
     run_virtual(scenario(), max_virtual_seconds=5)
+
+
+def test_the_resync_lists_every_feed_once_the_reservations_first() -> None:
+    async def scenario() -> None:
+        controller = _controller(OperatorConfig.model_validate({"podRequests": "subtract"}))
+        order = [feed.name for feed in controller._resync_order()]
+        assert sorted(order) == sorted(feed.name for feed in controller.feeds)
+        assert order[0] == "reservations"
+        assert order[-1] == "all-pods"
+
+    run_virtual(scenario(), max_virtual_seconds=5)

@@ -1,15 +1,17 @@
 """The controller: rebuild the ledger from the API, then keep every object level with it.
 
-Start-up order is the safety argument. :meth:`Controller.start` takes the list of
-every feed (``headroom.control.feeds``), in the order :attr:`Controller.feeds`
-declares: each node's GPU inventory (ResourceSlices) and what DRA claims hold,
-every namespace and quota, every pod's requests, every Node, every labelled owner
-Pod, every Reservation (paged; the trusted admissions restored together) and every
-claim pod. All of it is in the ledger *before* the decider starts, so no decision
-is ever taken against a ledger that lacks an admitted reservation, and no
-reservation is restored or decided before its node's GPU devices are known. Then
-it follows every feed with its own WATCH from its list's resourceVersion (no gap,
-no replay; ``headroom.kube.watch`` says why not kopf).
+Start-up order is the safety argument. :meth:`Controller.rebuild` lists every feed
+(``headroom.control.feeds``) in the order :attr:`Controller.feeds` declares: Nodes,
+ResourceSlices (the GPU inventory), ResourceClaims, Namespaces and HeadroomQuotas,
+every pod's requests, labelled owner Pods, Reservations (paged) and claim Pods. The
+GPU inventory, quotas and requests are taken as they are listed; then, with no API
+call in between, the Nodes, the owner Pods, the Reservations (their trusted
+admissions restored together) and the claim Pods. All of it is in the ledger
+*before* the decider starts, so no decision is ever taken against a ledger that
+lacks an admitted reservation, no reservation is restored or decided before its
+node's GPU devices are known, and restored admissions are not aged by a list that
+comes after them. Then it follows every feed with its own WATCH from its list's
+resourceVersion (no gap, no replay; ``headroom.kube.watch`` says why not kopf).
 
 Level-triggered: every path that brings a Reservation ends in the same reconcile
 (``headroom.control.reconcile``). This module builds the parts, each after what it
@@ -199,6 +201,14 @@ class Controller:
             self.gates,
         )
 
+    def _resync_order(self) -> tuple[Feed, ...]:
+        """The periodic resync's order: the Reservations first (what a missed DELETED left
+        held is released before anything else is listed), every pod's requests last (the
+        longest list)."""
+        rest = (self.slices, self.resource_claims, *self.quotas.feeds, self.nodes, self.owners)
+        last = (self.pod_requests,) if self.pod_requests is not None else ()
+        return (self.reservations, *rest, self.gates, *last)
+
     def _connect_signals(self) -> None:
         """Who hears what: the whole map of signals between the parts."""
         signals = self.signals
@@ -323,7 +333,7 @@ class Controller:
         while True:
             await asyncio.sleep(delay)
             failed = False
-            steps = [(feed.name, feed.resync) for feed in self.feeds]
+            steps = [(feed.name, feed.resync) for feed in self._resync_order()]
             for name, step in (*steps, ("summaries", self.summaries.delete_orphans)):
                 try:
                     await step()

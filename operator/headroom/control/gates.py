@@ -166,6 +166,10 @@ class Gates(PodCalls, WatchedFeed):
         self._planned: dict[PodKey, tuple[str, int, int]] = {}  # -> (node, RAM, VRAM)
         self._replacing: set[PodKey] = set()  # queues waiting for a replaced one to go
 
+    async def stop(self) -> None:
+        """The pod work queue's (PodCalls'), named here so that no base's default wins."""
+        await PodCalls.stop(self)
+
     # -- what the operator sees --------------------------------------------------------------
 
     @property

@@ -70,8 +70,8 @@ class QuotaFeed:
         self._lookups: dict[str, asyncio.Task[None]] = {}
         #: The two kinds it follows, namespaces first (their labels select the quotas).
         self.feeds = (
-            NamespaceWatch(self, transport),
-            QuotaWatch(self, transport),
+            NamespaceWatch(self, transport, clock),
+            QuotaWatch(self, transport, clock),
         )
 
     # -- events ----------------------------------------------------------------------------
@@ -247,8 +247,8 @@ class NamespaceWatch(WatchedFeed):
 
     name, path = "namespaces", NAMESPACES
 
-    def __init__(self, quotas: QuotaFeed, transport: Transport) -> None:
-        self._quotas, self._transport = quotas, transport
+    def __init__(self, quotas: QuotaFeed, transport: Transport, clock: Clock) -> None:
+        self._quotas, self._transport, self._clock = quotas, transport, clock
 
     def on_event(
         self, event_type: str | None, obj: JSON, *, listed_at: float | None = None
@@ -267,8 +267,8 @@ class QuotaWatch(WatchedFeed):
 
     name, path = "headroomquotas", HEADROOM_QUOTAS
 
-    def __init__(self, quotas: QuotaFeed, transport: Transport) -> None:
-        self._quotas, self._transport = quotas, transport
+    def __init__(self, quotas: QuotaFeed, transport: Transport, clock: Clock) -> None:
+        self._quotas, self._transport, self._clock = quotas, transport, clock
 
     def on_event(
         self, event_type: str | None, obj: JSON, *, listed_at: float | None = None

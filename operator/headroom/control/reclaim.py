@@ -249,11 +249,11 @@ class Reclaimer:
             except ApiError as error:
                 if not (error.not_found or error.conflict):  # 404/409: gone, or a namesake now
                     raise
-            self._on_gone(uid)  # not left to its DELETED event, which a relist may skip
 
         backoff = Backoff(base=0.2, cap=10.0, rng=self._rng)
         try:
             await retry_call(delete, backoff=backoff, retry_on=transient, attempts=5)
+            self._on_gone(uid)  # not left to its DELETED event, which a relist may skip
             return
         except ApiError as error:
             if not transient(error):

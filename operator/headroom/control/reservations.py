@@ -51,10 +51,10 @@ class ReservationFeed(WatchedFeed):
         restored together before any is decided."""
         reservations, version = await list_all(self._transport, RESERVATIONS)
         reservations.sort(key=lambda o: (o.get("metadata") or {}).get("creationTimestamp", ""))
-        return Listed(version, lambda: self.take(reservations, listed_at=0.0))
+        return Listed(version, lambda: self._restore(reservations))
 
-    def take(self, objects: list[JSON], *, listed_at: float) -> None:
-        """The rebuild's list (``listed_at`` unused: nothing is remembered before it)."""
+    def _restore(self, objects: list[JSON]) -> None:
+        """The rebuild's list, oldest first: nothing is remembered before it."""
         reconciler = self._reconciler
         reconciler.restoring()
         try:

@@ -11,8 +11,8 @@ followed the same way, for the same reason, and so that the simulation drives th
 very code production runs.
 
 When the version is too old for the server (410 Gone, after etcd compaction) the
-follower calls ``relist``, the controller's resync, which releases what vanished
-and queues what is new, and watches on from that list's version. A broken
+follower calls ``relist``, the feed's full list (for Reservations, the resync, which
+releases what vanished and queues what is new), and watches on from that list's version. A broken
 connection (API server restarted, network) is retried from the last version seen,
 so nothing is missed and nothing is replayed.
 

@@ -277,6 +277,10 @@ class Ledger:
         assert isinstance(chosen, dict), "a claim that fits has devices"
         entry.devices = chosen
         self._give_expiry(entry)
+        # Admitted under its id, it waits no more: nor does a predecessor of the same name
+        # (a replaced reservation whose deletion is not seen yet), which would otherwise be
+        # refused DuplicateID at every pass over the queue.
+        self._waiting.remove(entry.id)
         self._add(state, entry)
         limit = state.limit_ram_mb()
         message = (
