@@ -40,6 +40,7 @@ from headroom.objects.certificates import Bundle, CertificatePolicy, service_nam
 from headroom.serving.access import AccessReviewer
 from headroom.serving.extender import ExtenderServer
 from headroom.serving.metrics import EventsCollector, OperatorMetrics
+from headroom.serving.outlook import LedgerOutlook
 from headroom.serving.probes import ProbeServer
 from headroom.serving.scrape import MetricsServer
 from headroom.serving.webhook import WebhookServer
@@ -100,6 +101,7 @@ def _webhook(
     client: KubeClient,
     clock: Clock,
     metrics: OperatorMetrics,
+    controller: Controller,
     extender: ExtenderServer | None,
 ) -> tuple[WebhookThread, CertificateKeeper] | None:
     """The admission webhook's server (on its own thread) and the keeper of its
@@ -113,8 +115,19 @@ def _webhook(
     service_namespace = certificate.service_namespace or namespace
     placement = config.placement
     scheduler = placement.scheduler
+    outlook = LedgerOutlook(
+        asyncio.get_running_loop(),
+        controller.outlook.warnings,
+        timeout=webhook.outlook_timeout.total_seconds(),
+    )
     server = WebhookThread(
-        WebhookServer(webhook.host, webhook.port, on_review=metrics.reviewed, scheduler=scheduler)
+        WebhookServer(
+            webhook.host,
+            webhook.port,
+            on_review=metrics.reviewed,
+            scheduler=scheduler,
+            outlook=outlook,
+        )
     )
     names = service_names(
         certificate.service_name, service_namespace, tuple(certificate.extra_names)
@@ -278,7 +291,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
             ),
             tls=config.extender_client_secret is not None,
         )
-    webhook = _webhook(config, client, clock, metrics, extender)
+    webhook = _webhook(config, client, clock, metrics, controller, extender)
     probes = ProbeServer(
         controller,
         config.probe_host,

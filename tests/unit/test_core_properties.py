@@ -23,6 +23,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import Entry, Ledger, Owner
+from headroom.ledger.outlook import outlook
+from tests.unit.outlook_checks import assert_outlook_says
 
 NODES = ("a", "b", "c")
 T0 = datetime(2026, 12, 2, tzinfo=UTC)
@@ -175,14 +177,19 @@ class LedgerMachine(RuleBasedStateMachine):
         ram=st.integers(1, 6_000),
         wait=st.integers(1, 120),
         strict=st.booleans(),
+        again=st.booleans(),
     )
-    def reserve_or_wait(self, node: str, ram: int, wait: int, strict: bool) -> None:
+    def reserve_or_wait(self, node: str, ram: int, wait: int, strict: bool, again: bool) -> None:
         self.ids += 1
-        entry = Entry(f"r{self.ids}", node, ram, self.now, self.now)
+        name = f"r{self.ids}"
+        if again and len(self.ledger.waiting):  # a waiter's new incarnation replaces it
+            name = self.ledger.waiting.on(self.ledger.waiting.nodes()[0])[-1].entry_id
+        entry = Entry(name, node, ram, self.now, self.now)
         before = self._reserved(node)
-        decision = self.ledger.reserve_or_wait(
-            entry, self.now, self.now + timedelta(seconds=wait), strict=strict
-        )
+        until = self.now + timedelta(seconds=wait)
+        foreseen = outlook(self.ledger, entry, self.now, until, strict=strict)
+        decision = self.ledger.reserve_or_wait(entry, self.now, until, strict=strict)
+        assert_outlook_says(foreseen, decision)
         if decision.queued:
             assert entry.id in self.ledger.waiting
             assert self.ledger.get(entry.id) is None, "a waiting reservation holds nothing"

@@ -47,8 +47,10 @@ from headroom.api.reasons import Reason
 from headroom.api.selectors import LabelSelector, LabelSelectorRequirement
 from headroom.ledger import Decision, Entry, Ledger, Owner
 from headroom.ledger.decisions import QUOTA_REASONS, WAITABLE
+from headroom.ledger.outlook import outlook
 from headroom.ledger.queue import Waiting
 from headroom.ledger.quotas import NAME_LABEL, QuotaRules, Usage, namespace_of
+from tests.unit.outlook_checks import assert_outlook_says
 
 NODES = ("a", "b", "c")
 NAMESPACES = ("ml", "ml-dev", "web", "ops", "loose")
@@ -313,7 +315,9 @@ class QuotaMachine(RuleBasedStateMachine):
         until = self.now + timedelta(seconds=wait)
         entry = self._entry(namespace, node, ram, vram, expires, until)
         before = self._usage_now()
+        foreseen = outlook(self.ledger, entry, self.now, until, strict=strict)
         decision = self.ledger.reserve_or_wait(entry, self.now, until, strict=strict)
+        assert_outlook_says(foreseen, decision)
         if decision.admitted:
             self._check_admitted([decision])
             key = (entry.created_at, entry.id)

@@ -49,6 +49,14 @@ FastDuration = Annotated[
 DrainDuration = Annotated[
     timedelta, BeforeValidator(partial(parse_duration, low=timedelta(0), high=timedelta(minutes=5)))
 ]
+#: How long a review waits for the ledger's outlook: it must stay under the webhook's
+#: timeoutSeconds (the chart's is 2s), so a busy leader answers "no outlook" in time.
+OutlookTimeout = Annotated[
+    timedelta,
+    BeforeValidator(
+        partial(parse_duration, low=timedelta(milliseconds=10), high=timedelta(seconds=10))
+    ),
+]
 #: Windows and periods that are meant in seconds or more.
 Duration = Annotated[timedelta, BeforeValidator(partial(parse_duration, low=timedelta(seconds=1)))]
 Ratio = Annotated[Fraction, BeforeValidator(parse_ratio)]
@@ -278,6 +286,15 @@ class WebhookConfig(BaseModel):
             "After a stop signal the webhook keeps answering this long (the Lease is "
             "released at once): a terminating pod's endpoint leaves the Service only as "
             "the EndpointSlice controller and the API server see it go. The chart sets 5s."
+        ),
+    )
+    outlook_timeout: OutlookTimeout = Field(
+        timedelta(seconds=1),
+        alias="outlookTimeout",
+        description=(
+            "A Reservation create's review (/validate-reservations) waits this long for "
+            "the leader's ledger, then is answered with no outlook. Keep it under the "
+            "ValidatingWebhookConfiguration's timeoutSeconds."
         ),
     )
 

@@ -103,17 +103,17 @@ class CertificateKeeper:
         self._secrets = resource_path("", "v1", "secrets", target.namespace)
         self._secret_path = self._path(target.secret)
         self._missing_warned: bytes | None = None  # the ca.crt a missing Deployment was told
-        self._configuration_path = (
-            None
-            if target.configuration is None
-            else resource_path(
-                "admissionregistration.k8s.io",
-                "v1",
-                "mutatingwebhookconfigurations",
-                None,
-                target.configuration,
+        # The pods' mutating webhook, and the Reservations' validating one (the outlook at
+        # create) by the same name when the chart registers it: one CA for both.
+        self._configuration_path: str | None = None
+        self._validating_path: str | None = None
+        if target.configuration is not None:
+            self._configuration_path, self._validating_path = (
+                resource_path(
+                    "admissionregistration.k8s.io", "v1", kind, None, target.configuration
+                )
+                for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
             )
-        )
 
     async def run(self) -> None:
         """Forever: sync, then sleep a period (or back off after a failure)."""
@@ -147,6 +147,7 @@ class CertificateKeeper:
         await self._serve(bundle)
         if configuration is not None:
             await self._publish(configuration, bundle.trust)
+        await self._publish_validating(bundle.trust)
         if self._target.client is not None:
             pair = await self._current_client(bundle, self._target.client)
             if self._target.client.deployment is not None:
@@ -286,19 +287,38 @@ class CertificateKeeper:
                 return None
             raise
 
-    async def _publish(self, configuration: JSON, trust: bytes) -> None:
+    async def _publish(
+        self, configuration: JSON, trust: bytes, kind: str = "MutatingWebhookConfiguration"
+    ) -> None:
+        path = self._configuration_path if kind.startswith("Mutating") else self._validating_path
         operations = ca_bundle_patch(configuration, trust)
-        if not operations or self._configuration_path is None:
+        if not operations or path is None:
             return
         try:
-            await self._transport.json_patch(self._configuration_path, operations)
+            await self._transport.json_patch(path, operations)
         except ApiError as error:
             if error.invalid or error.conflict:  # it moved since we read it: next pass
                 log.info("caBundle not patched (the configuration moved); again next pass")
                 return
             raise
         log.info(
-            "caBundle of MutatingWebhookConfiguration %s set (%d webhook(s))",
+            "caBundle of %s %s set (%d webhook(s))",
+            kind,
             self._target.configuration,
             len(operations) - 1,
         )
+
+    async def _publish_validating(self, trust: bytes) -> None:
+        """The Reservations' ValidatingWebhookConfiguration gets the same caBundle; it is
+        optional (the outlook at create may be off), so its absence is not a warning. The
+        CA rotation follows the mutating one's bundle alone: a validating one that lags
+        only costs creates their outlook (its failurePolicy is Ignore), never a create."""
+        if self._validating_path is None:
+            return
+        try:
+            validating = await self._transport.get(self._validating_path)
+        except ApiError as error:
+            if error.not_found:
+                return
+            raise
+        await self._publish(validating, trust, "ValidatingWebhookConfiguration")

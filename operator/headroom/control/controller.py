@@ -39,6 +39,7 @@ from headroom.control.gates import Gates
 from headroom.control.keys import Adoption, load_key
 from headroom.control.lookups import Lookups
 from headroom.control.nodes import Nodes
+from headroom.control.outlook import ReservationOutlook
 from headroom.control.owners import Owners
 from headroom.control.podrequests import PodRequestsFeed
 from headroom.control.quotafeed import QuotaFeed
@@ -180,6 +181,10 @@ class Controller:
             )
             if config.pod_requests == "subtract" or gpu_resources
             else None
+        )
+        self.outlook = ReservationOutlook(
+            state, self.admission, clock, strict=config.queueing.strict,
+            deciding=lambda: self.ready.is_set() and may_act(),
         )
         # fmt: on
 

@@ -386,6 +386,15 @@ class Ledger:
         state = self._nodes.get(entry.node)
         return state is not None and state.known and state.could_hold(entry)
 
+    def devices_for(self, entry: Entry) -> dict[str, int]:
+        """The devices :meth:`reserve` would give ``entry`` now, changing nothing; none
+        when it is not admitted per device there (or has no fit)."""
+        state = self._nodes.get(entry.node)
+        if state is None or not state.on_devices(entry):
+            return {}
+        chosen = state.choose(entry)
+        return chosen if isinstance(chosen, dict) else {}
+
     def room_refusal(self, entry: Entry) -> tuple[Reason, str] | None:
         """Why ``entry.node`` has no room for ``entry`` now (its entry cap, RAM, VRAM, and
         devices after what is held outside Headroom), or None; its quotas are not asked.

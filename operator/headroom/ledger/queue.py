@@ -59,6 +59,7 @@ class WaitingView(Protocol):
     def by_namespace(self) -> dict[str, tuple[int, int]]: ...
     def nodes(self) -> list[str]: ...
     def position(self, entry_id: str) -> int | None: ...
+    def place(self, entry: Entry) -> int: ...
     def next_deadline(self) -> datetime | None: ...
     def totals(self, node: str) -> tuple[int, int]: ...
     def oldest(self) -> datetime | None: ...
@@ -102,6 +103,17 @@ class WaitQueues:
         deadline = min(until, expiry) if expiry else until
         heapq.heappush(self._deadlines, (deadline, waiting.sequence, entry.id))
         return queue.index(waiting) + 1
+
+    def place(self, entry: Entry) -> int:
+        """The position :meth:`add` would give ``entry`` on its node now (1 is next),
+        changing nothing. A wait of the same id would be replaced: it is not counted."""
+        key = (entry.created_at, entry.id)
+        queue = self._queues.get(entry.node, [])
+        before = bisect.bisect_left(queue, key, key=lambda w: w.key)
+        replaced = self._by_id.get(entry.id)
+        if replaced is not None and replaced.entry.node == entry.node and replaced.key < key:
+            before -= 1
+        return before + 1
 
     def remove(self, entry_id: str) -> Entry | None:
         waiting = self._by_id.pop(entry_id, None)

@@ -118,9 +118,8 @@ def _owner_patch(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"op": "add", "path": path, "value": "true"}]
 
 
-def review_response(review: Any, *, scheduler: str | None = None) -> dict[str, Any]:
-    """The AdmissionReview that answers ``review``; ReviewError if it is not one.
-    ``scheduler``: as for :func:`gate_pod`."""
+def review_request(review: Any) -> tuple[str, dict[str, Any]]:
+    """The uid and request of an AdmissionReview; ReviewError if it is not one."""
     if not isinstance(review, dict):
         raise ReviewError(f"expected an AdmissionReview object, got {type(review).__name__}")
     if review.get("apiVersion") != REVIEW_API_VERSION or review.get("kind") != "AdmissionReview":
@@ -134,6 +133,13 @@ def review_response(review: Any, *, scheduler: str | None = None) -> dict[str, A
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
         raise ReviewError(f"request.uid: expected a non-empty string, got {shown(uid)}")
+    return uid, request
+
+
+def review_response(review: Any, *, scheduler: str | None = None) -> dict[str, Any]:
+    """The AdmissionReview that answers ``review``; ReviewError if it is not one.
+    ``scheduler``: as for :func:`gate_pod`."""
+    uid, request = review_request(review)
     kind = request.get("kind") or {}
     is_pod = isinstance(kind, dict) and kind.get("group", "") == "" and kind.get("kind") == "Pod"
     if request.get("operation") != "CREATE" or not is_pod:

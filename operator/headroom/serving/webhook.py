@@ -32,17 +32,20 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from headroom.objects.gating import ReviewError, review_response
+from headroom.objects.outlookreview import allowed_with, reservation_under_review
 from headroom.serving.tls import SwappableContext, context_from_pem
 
 log = logging.getLogger(__name__)
 
 PATH = "/mutate-pods"
+#: The validating webhook on Reservation creates: allowed, with the ledger's outlook.
+OUTLOOK_PATH = "/validate-reservations"
 #: A Pod can be up to ~1.5 MiB in etcd; a review carries it once on CREATE.
 MAX_BODY = 4 << 20
 #: Bodies larger than this are decoded in a thread.
@@ -59,11 +62,15 @@ class WebhookServer:
         on_review: Callable[[str, float], None] = lambda result, seconds: None,
         *,
         scheduler: str | None = None,
+        outlook: Callable[[dict[str, Any]], Awaitable[list[str]]] | None = None,
     ) -> None:
         """``scheduler``: the schedulerName opted-in pods get instead of the gate (placement
-        by kube-scheduler); None: they are gated."""
+        by kube-scheduler); None: they are gated. ``outlook``: the warnings for creating a
+        Reservation (:class:`headroom.serving.outlook.LedgerOutlook`); None: no
+        ``/validate-reservations``."""
         self._host, self.port = host, port
         self._scheduler = scheduler
+        self._outlook = outlook
         self._on_review = on_review
         self._runner: web.AppRunner | None = None
         self._tls = SwappableContext()
@@ -80,6 +87,8 @@ class WebhookServer:
         self._directory = await asyncio.to_thread(tempfile.mkdtemp, prefix="headroom-webhook-")
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(PATH, self._mutate)
+        if self._outlook is not None:
+            app.router.add_post(OUTLOOK_PATH, self._validate_reservation)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self.port, ssl_context=self._tls.listening)
@@ -123,6 +132,29 @@ class WebhookServer:
         else:
             self._on_review(result_of(answer), time.perf_counter() - started)
             response = web.json_response(answer)
+        if self.draining:
+            response.force_close()
+        return response
+
+    async def _validate_reservation(self, request: web.Request) -> web.Response:
+        """Allowed, always, with the outlook as warnings: the decision stays asynchronous."""
+        assert self._outlook is not None
+        body = await request.read()
+        started = time.perf_counter()
+        try:
+            review = (
+                await asyncio.to_thread(json.loads, body)
+                if len(body) > _LARGE_BODY
+                else json.loads(body)
+            )
+            uid, reservation = reservation_under_review(review)
+        except (ValueError, RecursionError) as error:
+            self._on_review("error", time.perf_counter() - started)
+            response = web.Response(status=400, text=f"not an AdmissionReview: {error}"[:1000])
+        else:
+            warnings = [] if reservation is None else await self._outlook(reservation)
+            self._on_review("allowed", time.perf_counter() - started)
+            response = web.json_response(allowed_with(uid, warnings))
         if self.draining:
             response.force_close()
         return response
