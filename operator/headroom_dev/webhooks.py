@@ -73,3 +73,67 @@ def gating_configuration(
             }
         ],
     }
+
+
+OUTLOOK_PATH = "/validate-reservations"
+
+
+def outlook_configuration(
+    name: str,
+    url: str | None = None,
+    *,
+    service: tuple[str, str] | None = None,
+    operator_user: str | None = None,
+    timeout_seconds: int = 2,
+    ca_bundle: str | None = None,
+) -> dict[str, Any]:
+    """A ValidatingWebhookConfiguration that sends Reservation CREATEs (real and dry-run)
+    to ``url``, or to the Service ``service`` as the chart does, for their outlook. Never
+    the creates of ``operator_user`` (the operator's own reservations for gated pods)."""
+    if (url is None) == (service is None):
+        raise ValueError("give exactly one of url and service")
+    client_config: dict[str, Any] = (
+        {"url": url}
+        if service is None
+        else {
+            "service": {
+                "namespace": service[0],
+                "name": service[1],
+                "path": OUTLOOK_PATH,
+                "port": 443,
+            }
+        }
+    )
+    if ca_bundle is not None:
+        client_config["caBundle"] = ca_bundle
+    webhook: dict[str, Any] = {
+        "name": "outlook.headroom.dev",
+        "clientConfig": client_config,
+        "rules": [
+            {
+                "apiGroups": ["headroom.dev"],
+                "apiVersions": ["*"],
+                "operations": ["CREATE"],
+                "resources": ["reservations"],
+                "scope": "Namespaced",
+            }
+        ],
+        "failurePolicy": "Ignore",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "matchPolicy": "Equivalent",
+        "timeoutSeconds": timeout_seconds,
+    }
+    if operator_user is not None:
+        webhook["matchConditions"] = [
+            {
+                "name": "not-the-operator",
+                "expression": f"request.userInfo.username != {operator_user!r}",
+            }
+        ]
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [webhook],
+    }
