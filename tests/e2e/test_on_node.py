@@ -681,6 +681,7 @@ def _cluster_scoped(cluster: NodeCluster, release: str) -> set[str]:
     """kind/name of the release's cluster-scoped objects (by its instance label)."""
     kinds = (
         "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,"
+        "validatingwebhookconfigurations,"
         "flowschemas,prioritylevelconfigurations"
     )
     found = cluster.get(kinds, "-l", f"app.kubernetes.io/instance={release}")["items"]

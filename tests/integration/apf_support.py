@@ -44,6 +44,7 @@ CLUSTER_SCOPED = {
     "resourceslices",
     "customresourcedefinitions",
     "mutatingwebhookconfigurations",
+    "validatingwebhookconfigurations",
     "tokenreviews",
     "subjectaccessreviews",
 }

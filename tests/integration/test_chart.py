@@ -115,6 +115,7 @@ def test_default_render() -> None:
             "Service/headroom-metrics",
             "Service/headroom-webhook",
             "ServiceAccount/headroom",
+            "ValidatingWebhookConfiguration/headroom",
         ]
     )
     deployment = next(d for d in render() if d["kind"] == "Deployment")
@@ -289,6 +290,7 @@ def test_webhook_render() -> None:
         "enabled": True,
         "port": 9443,
         "drainDelay": "5s",  # a stopping replica answers while its endpoint goes
+        "outlookTimeout": "1500ms",  # the API server waits 2s for the outlook
         "certificate": {
             "namespace": NAMESPACE,
             "secretName": "headroom-webhook-cert",
@@ -307,13 +309,14 @@ def test_webhook_render() -> None:
     ]
     assert {
         "apiGroups": ["admissionregistration.k8s.io"],
-        "resources": ["mutatingwebhookconfigurations"],
+        "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
         "resourceNames": ["headroom"],
         "verbs": ["get", "patch"],
     } in by_name["ClusterRole/headroom-operator"]["rules"]
 
     off = {f"{d['kind']}/{d['metadata']['name']}": d for d in render("webhook.enabled=false")}
     assert "MutatingWebhookConfiguration/headroom" not in off
+    assert "ValidatingWebhookConfiguration/headroom" not in off
     assert "Service/headroom-webhook" not in off
     assert "Role/headroom-webhook-cert" not in off
     off_config = yaml.safe_load(off["ConfigMap/headroom-config"]["data"]["config.yaml"])

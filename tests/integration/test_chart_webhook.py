@@ -14,7 +14,8 @@ from subprocess import CompletedProcess
 
 import yaml
 
-from tests.integration.test_chart import NAMESPACE, refused, render
+from headroom.api.config import parse_config
+from tests.integration.test_chart import NAMESPACE, OPERATOR_USER, refused, render
 from tests.integration.test_chart_metrics import config, one
 
 
@@ -57,6 +58,7 @@ def test_the_webhook_objects_pass_the_api_servers_validation(
         one(docs, "Service", "headroom-webhook"),
         one(docs, "ConfigMap", "headroom-config"),
         one(docs, "MutatingWebhookConfiguration"),
+        one(docs, "ValidatingWebhookConfiguration"),
     ]
     kubectl("create", "namespace", NAMESPACE)  # may exist already: the dry run needs it
     result = kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(wanted))
@@ -66,6 +68,33 @@ def test_the_webhook_objects_pass_the_api_servers_validation(
         "service/headroom-webhook",
         "configmap/headroom-config",
         "mutatingwebhookconfiguration.admissionregistration.k8s.io/headroom",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/headroom",
     ):
         assert f"{created} " in result.stdout, result.stdout
     assert "(server dry run)" in result.stdout
+
+
+def test_the_outlook_is_asked_of_every_reservation_create_but_the_operators() -> None:
+    """The Reservations' validating webhook: CREATE only, never refusing, never the
+    operator's own creates, and the operator gives up on its ledger before the API
+    server gives up on it."""
+    docs = render()
+    hook = one(docs, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert hook["clientConfig"]["service"]["path"] == "/validate-reservations"
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["headroom.dev"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE"],
+            "resources": ["reservations"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook["failurePolicy"] == "Ignore"
+    (condition,) = hook["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username != '{OPERATOR_USER}'"
+    waited = parse_config(yaml.safe_dump(config(docs))).webhook.outlook_timeout
+    assert waited.total_seconds() < hook["timeoutSeconds"], (waited, hook["timeoutSeconds"])
+
+    off = render("webhook.outlook.enabled=false")
+    assert not [d for d in off if d["kind"] == "ValidatingWebhookConfiguration"]
