@@ -19,11 +19,13 @@ import socket
 import threading
 import uuid
 from collections.abc import Awaitable
+from functools import partial
 from pathlib import Path
 
 import kopf
 
 from headroom.api.config import EXTENDER_CLIENT, ConfigError, OperatorConfig, parse_config
+from headroom.api.constants import WEBHOOK_URL_ANNOTATION
 from headroom.control.certificates import (
     CertificateKeeper,
     CertificateTarget,
@@ -39,6 +41,7 @@ from headroom.kube.leasethread import LeaseThread
 from headroom.objects.certificates import Bundle, CertificatePolicy, service_names
 from headroom.serving.access import AccessReviewer
 from headroom.serving.extender import ExtenderServer
+from headroom.serving.forward import ReviewForwarder
 from headroom.serving.metrics import EventsCollector, OperatorMetrics
 from headroom.serving.outlook import LedgerOutlook
 from headroom.serving.probes import ProbeServer
@@ -90,10 +93,25 @@ def _elector(
             lease_duration=election.lease_duration,
             renew_deadline=election.renew_deadline,
             retry_period=election.retry_period,
+            annotations=_advertised(config),
         ),
         clock,
         on_error=metrics.api_error,
     )
+
+
+def _advertised(config: OperatorConfig) -> dict[str, str]:
+    """What the leader writes on its Lease: its webhook's URL, where the other replicas
+    forward the reviews only the leader can answer. The pod's IP (``$POD_IP``, the chart
+    sets it), else the address the webhook listens on if it is one; none if neither."""
+    webhook = config.webhook
+    host = os.environ.get("POD_IP") or (
+        webhook.host if webhook.host not in ("0.0.0.0", "::", "") else None
+    )
+    if not webhook.enabled or not host or webhook.port == 0:
+        return {}
+    shown = f"[{host}]" if ":" in host else host
+    return {WEBHOOK_URL_ANNOTATION: f"https://{shown}:{webhook.port}"}
 
 
 def _webhook(
@@ -103,6 +121,8 @@ def _webhook(
     metrics: OperatorMetrics,
     controller: Controller,
     extender: ExtenderServer | None,
+    elector: LeaseThread | None,
+    identity: str,
 ) -> tuple[WebhookThread, CertificateKeeper] | None:
     """The admission webhook's server (on its own thread) and the keeper of its
     certificate, when enabled; the keeper also serves the extender's HTTPS and keeps
@@ -120,6 +140,17 @@ def _webhook(
         controller.outlook.warnings,
         timeout=webhook.outlook_timeout.total_seconds(),
     )
+    names = service_names(
+        certificate.service_name, service_namespace, tuple(certificate.extra_names)
+    )
+    forwarder = None
+    if elector is not None:
+        forwarder = ReviewForwarder(
+            partial(elector.leader_annotation, WEBHOOK_URL_ANNOTATION),
+            server_name=names[0],
+            identity=identity,
+            timeout=webhook.outlook_timeout.total_seconds(),
+        )
     server = WebhookThread(
         WebhookServer(
             webhook.host,
@@ -127,10 +158,8 @@ def _webhook(
             on_review=metrics.reviewed,
             scheduler=scheduler,
             outlook=outlook,
+            forwarder=forwarder,
         )
-    )
-    names = service_names(
-        certificate.service_name, service_namespace, tuple(certificate.extra_names)
     )
     clients = None
     if config.extender_client_secret is not None:
@@ -142,7 +171,7 @@ def _webhook(
         )
 
     async def serve(bundle: Bundle) -> None:
-        await server.load(bundle.cert, bundle.key)
+        await server.load(bundle.cert, bundle.key, bundle.trust)
         if extender is not None:
             await extender.load(bundle)
 
@@ -291,7 +320,7 @@ async def run(config: OperatorConfig, *, stop: asyncio.Event | None = None) -> i
             ),
             tls=config.extender_client_secret is not None,
         )
-    webhook = _webhook(config, client, clock, metrics, controller, extender)
+    webhook = _webhook(config, client, clock, metrics, controller, extender, elector, identity)
     probes = ProbeServer(
         controller,
         config.probe_host,

@@ -128,7 +128,48 @@ def test_apply_says_admitted_queued_or_rejected_and_the_decision_agrees(
     assert (nowhere.verdict, nowhere.reason) == (Verdict.REJECTED, "NodeUnknown")
 
 
-def test_a_standby_says_it_has_no_outlook(
+def test_a_standby_forwards_to_the_leader_and_answers_alone_when_it_cannot(
+    outlook: Gate,
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    """The API server reaches the standby (the configuration's port): it hands the review
+    to the leader, at the URL the leader wrote on its Lease, and the answer is the
+    leader's outlook. With the leader stopped it answers itself, in time, with none."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="11Gi")
+    election = {"enabled": True, "namespace": namespace, "leaseName": f"lease-{outlook.name}"}
+    leader = run_operator({**outlook.config(free_port()), "leaderElection": election})
+    leader.wait_ready(body="ok")
+    standby = run_operator({**outlook.config(), "leaderElection": election}, wait_ready=False)
+    standby.wait_ready(body="standby")
+    wait_for_outlooks(kubectl, namespace, node)  # only the leader has one to give
+
+    assert leader.popen is not None
+    leader.popen.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        result = kubectl(
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            "--dry-run=server",
+            input=reservation_yaml("while-hung", node, 1),
+        )
+        took = time.monotonic() - started
+    finally:
+        leader.popen.send_signal(signal.SIGCONT)
+    assert result.returncode == 0, result.stderr
+    (said,) = outlooks(result.stderr)
+    assert said.verdict is Verdict.UNKNOWN, said
+    assert took < TIMEOUT_SECONDS + 1.0, f"the create waited {took:.2f}s"
+
+
+def test_a_standby_with_no_leader_to_forward_to_says_so(
     outlook: Gate,
     run_operator: Callable[..., OperatorProcess],
     make_node: Callable[..., Any],
@@ -138,9 +179,11 @@ def test_a_standby_says_it_has_no_outlook(
     node = f"n-{uuid.uuid4().hex[:6]}"
     make_node(node, memory="11Gi")
     election = {"enabled": True, "namespace": namespace, "leaseName": f"lease-{outlook.name}"}
-    leader = run_operator({**outlook.config(free_port()), "leaderElection": election})
+    # Listening on every address, with no $POD_IP: the leader has no URL to advertise.
+    unadvertised = outlook.config(free_port())
+    unadvertised["webhook"]["host"] = "0.0.0.0"
+    leader = run_operator({**unadvertised, "leaderElection": election})
     leader.wait_ready(body="ok")
-    # The configuration sends reviews to the standby's port.
     standby = run_operator({**outlook.config(), "leaderElection": election}, wait_ready=False)
     standby.wait_ready(body="standby")
 

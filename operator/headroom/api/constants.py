@@ -24,6 +24,9 @@ HEARTBEAT_ANNOTATION = f"{GROUP}/heartbeat"
 OWNER_LABEL = f"{GROUP}/owner"
 #: A pod opts in to gating with this label (``"true"``): the webhook's objectSelector.
 CLAIM_LABEL = f"{GROUP}/claim"
+#: On the leader's Lease: the URL of its webhook, where a standby forwards the reviews
+#: only the leader can answer (a Reservation's outlook).
+WEBHOOK_URL_ANNOTATION = f"{GROUP}/webhook-url"
 #: What a gated pod claims, as pod annotations (quantities, or plain MiB).
 RAM_ANNOTATION = f"{GROUP}/ram"
 VRAM_ANNOTATION = f"{GROUP}/vram"

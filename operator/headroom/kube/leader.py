@@ -37,8 +37,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from headroom.kube.clock import Clock, SystemClock
@@ -55,6 +55,9 @@ class LeaseSettings:
     lease_duration: timedelta
     renew_deadline: timedelta
     retry_period: timedelta
+    #: Written on the Lease with every renewal: what the other replicas may read of the
+    #: leader (where its webhook answers, for reviews they forward).
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 def _micro_time(moment: datetime) -> str:
@@ -81,6 +84,18 @@ class LeaderElector:
     def time_left(self) -> float:
         """Seconds this process may still act (0 when it may not): the bound of a write."""
         return max(self._valid_until - self._clock.monotonic(), 0.0) if self.is_leader else 0.0
+
+    def leader_annotation(self, key: str) -> str | None:
+        """An annotation another holder wrote on the Lease, as last read (every retry
+        period); None while this process leads, or when no one holds it."""
+        observed = self._observed
+        if observed is None or self.is_leader:
+            return None
+        holder = (observed.get("spec") or {}).get("holderIdentity")
+        if not holder or holder == self._settings.identity:
+            return None
+        value = ((observed.get("metadata") or {}).get("annotations") or {}).get(key)
+        return value if isinstance(value, str) else None
 
     async def acquire(self) -> None:
         """Return once this process holds the Lease."""
@@ -207,6 +222,8 @@ class LeaderElector:
             }
         )
         metadata: JSON = {"name": s.name, "namespace": s.namespace}
+        if s.annotations:
+            metadata["annotations"] = dict(s.annotations)
         if current is not None:
             metadata["resourceVersion"] = current["metadata"]["resourceVersion"]
         return {

@@ -58,6 +58,10 @@ class LeaseThread:
     def time_left(self) -> float:
         return self._elector.time_left() if self._elector is not None else 0.0
 
+    def leader_annotation(self, key: str) -> str | None:
+        """:meth:`LeaderElector.leader_annotation` (a plain read, safe from any thread)."""
+        return self._elector.leader_annotation(key) if self._elector is not None else None
+
     async def acquire(self, on_lost: Callable[[], None]) -> None:
         """Start the thread; return once it holds the Lease.
 

@@ -39,6 +39,7 @@ from aiohttp import web
 
 from headroom.objects.gating import ReviewError, review_response
 from headroom.objects.outlookreview import allowed_with, reservation_under_review
+from headroom.serving.forward import FORWARDED_HEADER, ReviewForwarder
 from headroom.serving.tls import SwappableContext, context_from_pem
 
 log = logging.getLogger(__name__)
@@ -63,14 +64,16 @@ class WebhookServer:
         *,
         scheduler: str | None = None,
         outlook: Callable[[dict[str, Any]], Awaitable[list[str]]] | None = None,
+        forwarder: ReviewForwarder | None = None,
     ) -> None:
         """``scheduler``: the schedulerName opted-in pods get instead of the gate (placement
         by kube-scheduler); None: they are gated. ``outlook``: the warnings for creating a
         Reservation (:class:`headroom.serving.outlook.LedgerOutlook`); None: no
-        ``/validate-reservations``."""
+        ``/validate-reservations``. ``forwarder``: how a replica that does not lead hands
+        those reviews to the leader (:mod:`headroom.serving.forward`)."""
         self._host, self.port = host, port
         self._scheduler = scheduler
-        self._outlook = outlook
+        self._outlook, self._forwarder = outlook, forwarder
         self._on_review = on_review
         self._runner: web.AppRunner | None = None
         self._tls = SwappableContext()
@@ -101,6 +104,8 @@ class WebhookServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._forwarder is not None:
+            await self._forwarder.close()
         if self._directory is not None:
             await asyncio.to_thread(shutil.rmtree, self._directory, True)
 
@@ -108,8 +113,11 @@ class WebhookServer:
         """From now on every answer closes its connection (``Connection: close``)."""
         self.draining = True
 
-    async def load(self, cert_pem: bytes, key_pem: bytes) -> None:
-        """Serve this pair from the next handshake on (a no-op if it is already served)."""
+    async def load(self, cert_pem: bytes, key_pem: bytes, trust_pem: bytes | None = None) -> None:
+        """Serve this pair from the next handshake on (a no-op if it is already served);
+        ``trust_pem``: the CAs a forwarded review's leader is verified against."""
+        if trust_pem is not None and self._forwarder is not None:
+            self._forwarder.trust(trust_pem)
         if cert_pem == self.certificate:
             return
         if self._directory is None:
@@ -152,12 +160,33 @@ class WebhookServer:
             self._on_review("error", time.perf_counter() - started)
             response = web.Response(status=400, text=f"not an AdmissionReview: {error}"[:1000])
         else:
-            warnings = [] if reservation is None else await self._outlook(reservation)
-            self._on_review("allowed", time.perf_counter() - started)
-            response = web.json_response(allowed_with(uid, warnings))
+            answer = None
+            if reservation is not None:
+                answer = await self._from_leader(request, uid, body)
+            if answer is None:
+                warnings = [] if reservation is None else await self._outlook(reservation)
+                answer = allowed_with(uid, warnings)
+            self._on_review(result_of(answer), time.perf_counter() - started)
+            response = web.json_response(answer)
         if self.draining:
             response.force_close()
         return response
+
+    async def _from_leader(
+        self, request: web.Request, uid: str, body: bytes
+    ) -> dict[str, Any] | None:
+        """The leader's answer to this review, when this replica does not lead and the
+        review was not forwarded already; None: answer it here."""
+        if self._forwarder is None or FORWARDED_HEADER in request.headers:
+            return None
+        url = self._forwarder.target()
+        if url is None:
+            return None
+        answer = await self._forwarder.forward(url, OUTLOOK_PATH, body)
+        response = (answer or {}).get("response")
+        if not isinstance(response, dict) or response.get("uid") != uid:
+            return None
+        return answer
 
 
 def result_of(answer: dict[str, Any]) -> str:

@@ -70,9 +70,11 @@ class WebhookThread:
         self._thread.start()
         await asyncio.wrap_future(listening)
 
-    async def load(self, cert_pem: bytes, key_pem: bytes) -> None:
+    async def load(self, cert_pem: bytes, key_pem: bytes, trust_pem: bytes | None = None) -> None:
         """Serve this pair from the next handshake on (done on the server's loop)."""
-        loaded = asyncio.run_coroutine_threadsafe(self.server.load(cert_pem, key_pem), self._loop)
+        loaded = asyncio.run_coroutine_threadsafe(
+            self.server.load(cert_pem, key_pem, trust_pem), self._loop
+        )
         await asyncio.wrap_future(loaded)
 
     async def stop(self) -> None:
