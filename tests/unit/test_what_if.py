@@ -124,7 +124,7 @@ class FakeCustom:
         self.headers = headers
         self.asked: list[dict[str, Any]] = []
 
-    def create_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+    def create_namespaced_custom_object_with_http_info(self, *args: Any, **kwargs: Any) -> Any:
         self.asked.append({"args": args, **kwargs})
         assert kwargs["_return_http_data_only"] is False
         return args[4], 201, self.headers

@@ -40,11 +40,12 @@ def dry_run_create(conn: Connection, body: JSON) -> tuple[JSON, list[str]]:
     """Create ``body`` with ``dryRun=All``: the object as it would be stored (nothing is),
     and the response's ``Warning`` header values, one per header line as sent.
 
-    Asked for the status and headers too (``_return_http_data_only=False``): the client's
-    ``ApiResponse`` keeps one value per header name, and admission warnings may come as
-    several ``Warning`` lines; the raw header dict keeps them all.
+    Asked with the status and the raw headers (``with_http_info``, data, status and
+    headers as a tuple: ``_return_http_data_only=False``): the client's ``ApiResponse``
+    keeps one value per header name, and admission warnings may come as several
+    ``Warning`` lines; the raw header dict keeps them all.
     """
-    answer: Any = conn.custom.create_namespaced_custom_object(
+    answer: Any = conn.custom.create_namespaced_custom_object_with_http_info(
         GROUP,
         VERSION,
         conn.namespace,
