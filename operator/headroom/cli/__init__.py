@@ -3,7 +3,8 @@ installed as the kubectl plugin ``kubectl-headroom``, read and write headroom.
 
 Exit codes: 0 done; 1 refused (rejected or reclaimed; fit: no node fits, or a quota
 refuses); 2 bad argument, nothing sent; 3 no decision within --timeout; 4 the cluster
-unreachable or refusing. hold: these before the command starts, then the command's own code."""
+unreachable or refusing; fit --dry-run: 0 would be admitted, 1 would be rejected, 5 would
+wait (queued), 6 no outlook. hold: these before the command starts, then the command's own code."""
 
 from __future__ import annotations
 

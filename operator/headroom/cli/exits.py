@@ -19,7 +19,7 @@ from headroom.client.errors import api_message
 class Exit(IntEnum):
     DONE = 0
     #: ``reserve --wait`` ended Rejected or Reclaimed; ``heartbeat`` on a reservation
-    #: that holds nothing.
+    #: that holds nothing; ``fit``: no node fits (``--dry-run``: would be rejected).
     REFUSED = 1
     #: A bad argument; nothing was sent to the cluster.
     USAGE = 2
@@ -27,6 +27,11 @@ class Exit(IntEnum):
     TIMED_OUT = 3
     #: No usable kubeconfig, the API server unreachable, or it refused the request.
     UNREACHABLE = 4
+    #: ``fit --dry-run``: the claim would wait in the node's queue (``Queued``).
+    WOULD_WAIT = 5
+    #: ``fit --dry-run``: no outlook came back (the operator's webhook is not registered
+    #: or failed, or no leader decides now): nothing is known.
+    NO_OUTLOOK = 6
 
 
 class CommandError(Exception):

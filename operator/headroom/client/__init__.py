@@ -9,14 +9,17 @@ block ends (normally, by an exception, on SIGTERM). ``claim_async`` is the same 
 asyncio. ``AUTO`` places the claim on the best node (see ``placement``) and tries
 the next one when that node filled up in the meantime. ``gpus=N`` spreads
 ``vram_mb`` over N GPU devices; an admitted claim's ``devices`` and
-``cuda_visible_devices`` say which (``headroom.client.devices``).
+``cuda_visible_devices`` say which (``headroom.client.devices``). ``what_if`` (and
+``what_if_async``) asks, with a server-side dry run, what the operator would decide for
+a claim now, creating nothing (``headroom.client.whatif``).
 
 It talks to the API server with the official ``kubernetes`` client, as
 ``kubectl headroom`` does, from a kubeconfig or from inside a pod; never with the
 operator's own code.
 """
 
-from headroom.client.aio import AsyncClaim, AsyncClaimContext, claim_async
+from headroom.api.outlook import Outlook, Verdict
+from headroom.client.aio import AsyncClaim, AsyncClaimContext, claim_async, what_if_async
 from headroom.client.claim import Claim, ClaimContext, claim
 from headroom.client.connection import Connection, connect, from_kubeconfig, in_cluster, this_pod
 from headroom.client.devices import Device
@@ -31,6 +34,7 @@ from headroom.client.errors import (
 )
 from headroom.client.held import DEFAULT_HEARTBEAT_INTERVAL
 from headroom.client.placement import AUTO, AutoNode, NodeRoom, nodes_with_room
+from headroom.client.whatif import WhatIf, what_if
 
 __all__ = [
     "AUTO",
@@ -49,7 +53,10 @@ __all__ = [
     "InvalidClaimError",
     "NoNodeFitsError",
     "NodeRoom",
+    "Outlook",
     "PlacementError",
+    "Verdict",
+    "WhatIf",
     "claim",
     "claim_async",
     "connect",
@@ -57,4 +64,6 @@ __all__ = [
     "in_cluster",
     "nodes_with_room",
     "this_pod",
+    "what_if",
+    "what_if_async",
 ]

@@ -18,13 +18,14 @@ from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
 
-from headroom.client import plans, procedure
+from headroom.client import plans, procedure, whatif
 from headroom.client.claim import HEARTBEAT_JOIN_SECONDS, Options, options
 from headroom.client.connection import Connection, connect
 from headroom.client.errors import ClaimLostError
 from headroom.client.held import ClaimView, Held
 from headroom.client.placement import AutoNode
 from headroom.client.procedure import Report
+from headroom.client.whatif import WhatIf
 
 log = logging.getLogger("headroom.client")
 
@@ -154,3 +155,42 @@ def claim_async(
         report=report,
     )
     return AsyncClaimContext(opts)
+
+
+async def what_if_async(
+    node: str | AutoNode,
+    *,
+    ram_mb: int = 0,
+    vram_mb: int = 0,
+    gpus: int | None = None,
+    ttl: timedelta | str | None = None,
+    wait: timedelta | str | None = None,
+    name: str | None = None,
+    description: str | None = None,
+    owner_pod: str | bool | None = None,
+    selector: str | None = None,
+    connection: Connection | None = None,
+) -> WhatIf:
+    """:func:`headroom.client.what_if` for asyncio: the same arguments and answer, its calls
+    in worker threads."""
+    opts = options(
+        node,
+        ram_mb=ram_mb,
+        vram_mb=vram_mb,
+        gpus=gpus,
+        ttl=ttl,
+        wait=wait,
+        timeout=None,
+        name=name,
+        description=description,
+        owner_pod=owner_pod,
+        selector=selector,
+        connection=connection,
+        heartbeat_interval=None,
+        on_lost=None,
+        report=None,
+    )
+    conn = opts.connection
+    if conn is None:
+        conn = await asyncio.to_thread(connect)
+    return await plans.run_async(whatif.foresee(conn, opts.request, opts.selector))

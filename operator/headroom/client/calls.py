@@ -36,6 +36,39 @@ def create(conn: Connection, body: JSON) -> JSON:
     return cast(JSON, obj)
 
 
+def dry_run_create(conn: Connection, body: JSON) -> tuple[JSON, list[str]]:
+    """Create ``body`` with ``dryRun=All``: the object as it would be stored (nothing is),
+    and the response's ``Warning`` header values, one per header line as sent.
+
+    Asked with the status and the raw headers (``with_http_info``, data, status and
+    headers as a tuple: ``_return_http_data_only=False``): the client's ``ApiResponse``
+    keeps one value per header name, and admission warnings may come as several
+    ``Warning`` lines; the raw header dict keeps them all.
+    """
+    answer: Any = conn.custom.create_namespaced_custom_object_with_http_info(
+        GROUP,
+        VERSION,
+        conn.namespace,
+        RESERVATIONS,
+        body,
+        dry_run="All",
+        _return_http_data_only=False,
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+    data, _, headers = answer
+    return cast(JSON, data), header_values(headers, "Warning")
+
+
+def header_values(headers: Any, name: str) -> list[str]:
+    """Every value of the header ``name`` (any case), repeated lines kept apart."""
+    if headers is None:
+        return []
+    getlist = getattr(headers, "getlist", None)
+    if getlist is not None:
+        return [str(value) for value in getlist(name)]
+    return [str(v) for k, v in dict(headers).items() if str(k).lower() == name.lower()]
+
+
 def get(conn: Connection, name: str) -> JSON:
     obj = conn.custom.get_namespaced_custom_object(
         GROUP, VERSION, conn.namespace, RESERVATIONS, name, _request_timeout=REQUEST_TIMEOUT
