@@ -137,7 +137,7 @@ def _webhook(
     scheduler = placement.scheduler
     outlook = LedgerOutlook(
         asyncio.get_running_loop(),
-        controller.outlook.warnings,
+        controller.outlook.answer,
         timeout=webhook.outlook_timeout.total_seconds(),
     )
     names = service_names(

@@ -18,12 +18,40 @@ from headroom.client import Connection, from_kubeconfig
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import ControlPlane, binary
 from headroom_dev.operator import OperatorProcess
+from headroom_dev.webhooks import OUTLOOK_PATH, outlook_configuration
 from tests.integration.cli_checks import Cli, Hold
 from tests.integration.metrics_access_support import Accounts
 from tests.integration.stand_in import DeviceAdmitter
+from tests.integration.test_webhook import Gate
 from tests.polling import eventually
 
 VENV_BIN = Path(sys.executable).parent
+#: The outlook webhook's timeoutSeconds, as the chart has it.
+OUTLOOK_TIMEOUT_SECONDS = 2
+
+
+@pytest.fixture
+def admission(api_client: client.ApiClient) -> client.AdmissionregistrationV1Api:
+    return client.AdmissionregistrationV1Api(api_client)
+
+
+@pytest.fixture
+def outlook(admission: client.AdmissionregistrationV1Api, namespace: str) -> Iterator[Gate]:
+    """The Reservations' validating configuration, sent to ``gate.port`` on loopback,
+    beside the pods' mutating one of the same name, as the chart has them; the operator
+    keeps the caBundle of both (``webhookConfiguration`` names them)."""
+    gate = Gate(admission, namespace, "kube-system")
+    gate.register()
+    admission.create_validating_webhook_configuration(
+        outlook_configuration(
+            gate.name,
+            f"https://127.0.0.1:{gate.port}{OUTLOOK_PATH}",
+            timeout_seconds=OUTLOOK_TIMEOUT_SECONDS,
+        )
+    )
+    yield gate
+    admission.delete_validating_webhook_configuration(gate.name)
+    admission.delete_mutating_webhook_configuration(gate.name)
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import base64
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from subprocess import CompletedProcess
 from typing import Any
 
@@ -22,40 +23,17 @@ import pytest
 import yaml
 from kubernetes import client
 
+from headroom.api.constants import OUTLOOK_MODE
 from headroom.api.outlook import Outlook, Verdict, parse_warning
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import free_port
 from headroom_dev.operator import OperatorProcess
-from headroom_dev.webhooks import OUTLOOK_PATH, outlook_configuration
+from tests.integration.conftest import OUTLOOK_TIMEOUT_SECONDS
 from tests.integration.test_webhook import Gate
 from tests.polling import eventually
 
 Kubectl = Callable[..., CompletedProcess[str]]
-TIMEOUT_SECONDS = 2
-
-
-@pytest.fixture
-def admission(api_client: client.ApiClient) -> client.AdmissionregistrationV1Api:
-    return client.AdmissionregistrationV1Api(api_client)
-
-
-@pytest.fixture
-def outlook(admission: client.AdmissionregistrationV1Api, namespace: str) -> Iterator[Gate]:
-    """The Reservations' validating configuration, sent to ``gate.port`` on loopback,
-    beside the pods' mutating one of the same name, as the chart has them; the operator
-    keeps the caBundle of both (``webhookConfiguration`` names them)."""
-    gate = Gate(admission, namespace, "kube-system")
-    gate.register()
-    admission.create_validating_webhook_configuration(
-        outlook_configuration(
-            gate.name,
-            f"https://127.0.0.1:{gate.port}{OUTLOOK_PATH}",
-            timeout_seconds=TIMEOUT_SECONDS,
-        )
-    )
-    yield gate
-    admission.delete_validating_webhook_configuration(gate.name)
-    admission.delete_mutating_webhook_configuration(gate.name)
+TIMEOUT_SECONDS = OUTLOOK_TIMEOUT_SECONDS
 
 
 def reservation_yaml(name: str, node: str, ram_mb: int, **spec: Any) -> str:
@@ -236,3 +214,137 @@ def test_the_operator_keeps_the_validating_configurations_ca_bundle(
         assert base64.b64decode(raw) == base64.b64decode(secret.data["ca-bundle.crt"])
 
     eventually(published, timeout=30, retry_on=(AssertionError, TypeError))
+
+
+STRICT = {OUTLOOK_MODE: "strict"}
+
+
+def strict_config(gate: Gate) -> dict[str, Any]:
+    config = gate.config()
+    config["webhook"]["provisionalHold"] = "3s"
+    return config
+
+
+def test_strict_mode_refuses_at_create_what_the_ledger_would_reject(
+    outlook: Gate,
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="11Gi")  # 10240 MiB allocatable
+    run_operator(strict_config(outlook))
+    wait_for_outlooks(kubectl, namespace, node)
+    core.patch_namespace(namespace, {"metadata": {"labels": STRICT}})
+
+    def refused() -> None:
+        result = kubectl(
+            "apply", "-n", namespace, "-f", "-", input=reservation_yaml("huge", node, 20_000)
+        )
+        assert result.returncode != 0, result.stderr
+        assert "denied the request" in result.stderr, result.stderr
+        assert "InsufficientRAM" in result.stderr, result.stderr
+
+    eventually(refused, timeout=15, retry_on=(AssertionError,))  # the label is seen
+    assert rsv.list_all(custom, namespace) == []
+
+    # A dry run is refused the same way, and holds nothing.
+    tried = kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        "--dry-run=server",
+        input=reservation_yaml("tried", node, 20_000),
+    )
+    assert tried.returncode != 0
+    assert "InsufficientRAM" in tried.stderr
+
+    fits = apply(kubectl, namespace, reservation_yaml("fits", node, 9000))
+    assert fits.verdict is Verdict.ADMITTED
+    assert rsv.wait_for(custom, namespace, "fits")["status"]["phase"] == "Admitted"
+
+    # What would wait is not refused: it is created, and waits.
+    waits = apply(kubectl, namespace, reservation_yaml("waits", node, 9000, wait="5m"))
+    assert (waits.verdict, waits.position) == (Verdict.QUEUED, 1)
+
+
+def test_strict_concurrent_creates_are_never_told_admitted_past_the_room(
+    outlook: Gate,
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    """64 creates at once for a node with room for 10: exactly 10 are let in (each holds
+    its room from its answer on), the others are refused at create, and the 10 are
+    decided Admitted, as they were told."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="11Gi")  # 10240 MiB: 10 × 1000 MiB
+    run_operator(strict_config(outlook))
+    wait_for_outlooks(kubectl, namespace, node)
+
+    def create(index: int) -> str:
+        body = rsv.reservation(f"r-{index:02d}", node, 1000)
+        body["metadata"]["annotations"] = STRICT
+        try:
+            custom.create_namespaced_custom_object(
+                "headroom.dev", "v1alpha1", namespace, "reservations", body
+            )
+        except client.ApiException as error:
+            refused = error.status == 403 and "InsufficientRAM" in str(error.body)
+            return "refused" if refused else f"{error.status}: {error.body}"
+        return "let in"
+
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(create, range(64)))
+    assert sorted(set(answers)) == ["let in", "refused"], answers
+    assert answers.count("let in") == 10
+    created = [r["metadata"]["name"] for r in rsv.list_all(custom, namespace)]
+    assert len(created) == 10
+    phases = [rsv.wait_for(custom, namespace, name)["status"]["phase"] for name in created]
+    assert phases == ["Admitted"] * 10
+
+
+def test_a_create_that_fails_after_being_allowed_gives_its_hold_back(
+    outlook: Gate,
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    """Allowed by the webhook, then refused by storage (AlreadyExists): its room is held
+    for a create that never comes, until ``provisionalHold`` (3 s here) gives it back."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="11Gi")
+    run_operator(strict_config(outlook))
+    wait_for_outlooks(kubectl, namespace, node)
+    # Its name is taken by a rejected one, which the ledger does not hold.
+    rsv.create(custom, namespace, "taken", node, 20_000)
+    assert rsv.wait_for(custom, namespace, "taken")["status"]["phase"] == "Rejected"
+
+    def strict(name: str, ram_mb: int) -> None:
+        body = rsv.reservation(name, node, ram_mb)
+        body["metadata"]["annotations"] = STRICT
+        custom.create_namespaced_custom_object(
+            "headroom.dev", "v1alpha1", namespace, "reservations", body
+        )
+
+    with pytest.raises(client.ApiException) as exists:
+        strict("taken", 9000)  # fits: allowed and held; then the name is taken
+    assert exists.value.status == 409
+    with pytest.raises(client.ApiException) as refused:
+        strict("other", 9000)  # the hold is still there
+    assert refused.value.status == 403
+
+    def let_in() -> None:
+        strict("other", 9000)
+
+    eventually(let_in, timeout=15, retry_on=(client.ApiException,))
+    assert rsv.wait_for(custom, namespace, "other")["status"]["phase"] == "Admitted"

@@ -14,40 +14,21 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from headroom.api.constants import GROUP, VERSION
+from headroom.api.constants import GROUP, OUTLOOK_MODE, STRICT, VERSION
 from headroom.api.outlook import Verdict
-from headroom.client import Connection, WhatIf, what_if, what_if_async
+from headroom.client import ClaimRefusedError, Connection, WhatIf, claim, what_if, what_if_async
 from headroom.client.whatif import NO_OUTLOOK_RETURNED
 from headroom_dev import reservations as rsv
 from headroom_dev.operator import OperatorProcess
-from headroom_dev.webhooks import OUTLOOK_PATH, outlook_configuration
 from tests.integration.cli_checks import Cli
 from tests.integration.test_webhook import Gate
 from tests.polling import eventually
-
-
-@pytest.fixture
-def admission(api_client: client.ApiClient) -> client.AdmissionregistrationV1Api:
-    return client.AdmissionregistrationV1Api(api_client)
-
-
-@pytest.fixture
-def outlook(admission: client.AdmissionregistrationV1Api, namespace: str) -> Iterator[Gate]:
-    """The validating configuration for Reservations, to ``gate.port`` on loopback."""
-    gate = Gate(admission, namespace, "kube-system")
-    gate.register()
-    admission.create_validating_webhook_configuration(
-        outlook_configuration(gate.name, f"https://127.0.0.1:{gate.port}{OUTLOOK_PATH}")
-    )
-    yield gate
-    admission.delete_validating_webhook_configuration(gate.name)
-    admission.delete_mutating_webhook_configuration(gate.name)
 
 
 def names(custom: client.CustomObjectsApi, namespace: str) -> list[str]:
@@ -173,3 +154,43 @@ def test_without_the_webhook_there_is_no_outlook_and_it_is_said(
 
 def _assert(condition: bool) -> None:
     assert condition
+
+
+def test_under_strict_mode_the_library_and_the_cli_are_refused_at_create(
+    outlook: Gate,
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    connection: Connection,
+    cli: Cli,
+    namespace: str,
+) -> None:
+    """A strict namespace: what the ledger would reject is refused at create, and the
+    library raises what a Rejected status would have made it raise; the CLI exits 1."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="11Gi")
+    run_operator(outlook.config())
+    eventually(lambda: _admitted_outlook(node, connection), timeout=30)
+    core.patch_namespace(namespace, {"metadata": {"labels": {OUTLOOK_MODE: STRICT}}})
+
+    def refused() -> None:
+        with (
+            pytest.raises(ClaimRefusedError) as error,
+            claim(node, ram_mb=20_000, connection=connection, timeout=10),
+        ):
+            pass
+        assert (error.value.phase, error.value.reason) == ("Rejected", "InsufficientRAM")
+        assert "20000" in error.value.message
+
+    eventually(refused, timeout=15)  # once the namespace's label is seen
+    result = cli("reserve", "--node", node, "--ram", "20000")
+    assert result.returncode == 1, result.stderr
+    assert "refused at create" in result.stderr
+    assert "InsufficientRAM" in result.stderr
+    assert names(custom, namespace) == []
+
+
+def _admitted_outlook(node: str, connection: Connection) -> None:
+    said = what_if(node, ram_mb=1, connection=connection)
+    assert said.verdict is Verdict.ADMITTED, said

@@ -15,6 +15,7 @@ import pytest
 from headroom.api.limits import Limits
 from headroom.api.outlook import CAVEAT, Outlook, Verdict, parse_warning
 from headroom.api.reasons import Reason
+from headroom.control.outlook import OutlookAnswer
 from headroom.ledger import Entry, Ledger
 from headroom.ledger.outlook import outlook
 from headroom.objects.gating import ReviewError
@@ -130,8 +131,10 @@ def _review(kind: str = "Reservation", operation: str = "CREATE", **obj: Any) ->
 
 
 def test_the_reservation_under_review_gets_its_namespace() -> None:
-    uid, reservation = reservation_under_review(_review())
-    assert uid == "review-1"
+    review = reservation_under_review(_review())
+    assert review.uid == "review-1"
+    assert review.dry_run is True
+    reservation = review.reservation
     assert reservation is not None
     assert reservation["metadata"]["namespace"] == "team"
 
@@ -140,7 +143,7 @@ def test_the_reservation_under_review_gets_its_namespace() -> None:
     ("kind", "operation"), [("Reservation", "UPDATE"), ("NodeHeadroom", "CREATE")]
 )
 def test_anything_else_is_not_looked_at(kind: str, operation: str) -> None:
-    assert reservation_under_review(_review(kind, operation))[1] is None
+    assert reservation_under_review(_review(kind, operation)).reservation is None
 
 
 def test_not_a_review_is_an_error() -> None:
@@ -177,12 +180,13 @@ def test_the_warnings_are_worked_out_on_the_main_loop(
 ) -> None:
     threads: list[threading.Thread] = []
 
-    def warnings(reservation: dict[str, Any]) -> list[str]:
+    def answer(reservation: dict[str, Any], *, dry_run: bool) -> OutlookAnswer:
         threads.append(threading.current_thread())
-        return [f"seen {reservation['metadata']['name']}"]
+        return OutlookAnswer([f"seen {reservation['metadata']['name']} {dry_run}"])
 
-    ask = LedgerOutlook(main_loop, warnings, timeout=5)
-    assert asyncio.run(ask({"metadata": {"name": "r"}})) == ["seen r"]
+    ask = LedgerOutlook(main_loop, answer, timeout=5)
+    said = asyncio.run(ask({"metadata": {"name": "r"}}, dry_run=True))
+    assert said.warnings == ["seen r True"]
     assert threads
     assert threads[0] is not threading.current_thread()
 
@@ -190,9 +194,14 @@ def test_the_warnings_are_worked_out_on_the_main_loop(
 def test_a_busy_main_loop_gives_no_outlook_in_time(main_loop: asyncio.AbstractEventLoop) -> None:
     main_loop.call_soon_threadsafe(time.sleep, 1.0)  # the main loop is stuck for a second
     asked: list[str] = []
-    ask = LedgerOutlook(main_loop, lambda r: asked.append("asked") or ["late"], timeout=0.05)
-    said = asyncio.run(ask({}))
-    read = parse_warning(said[0])
+
+    def answer(reservation: dict[str, Any], *, dry_run: bool) -> OutlookAnswer:
+        asked.append("asked")
+        return OutlookAnswer(refusal="late")
+
+    said = asyncio.run(LedgerOutlook(main_loop, answer, timeout=0.05)({}, dry_run=False))
+    assert said.refusal is None, "no outlook in time: the create goes on"
+    read = parse_warning(said.warnings[0])
     assert read is not None
     assert read.verdict is Verdict.UNKNOWN
     assert "0.05s" in read.detail
@@ -201,11 +210,12 @@ def test_a_busy_main_loop_gives_no_outlook_in_time(main_loop: asyncio.AbstractEv
 
 
 def test_a_failing_outlook_never_fails_the_create(main_loop: asyncio.AbstractEventLoop) -> None:
-    def broken(reservation: dict[str, Any]) -> list[str]:
+    def broken(reservation: dict[str, Any], *, dry_run: bool) -> OutlookAnswer:
         raise KeyError("spec")
 
-    said = asyncio.run(LedgerOutlook(main_loop, broken, timeout=5)({}))
-    read = parse_warning(said[0])
+    said = asyncio.run(LedgerOutlook(main_loop, broken, timeout=5)({}, dry_run=False))
+    assert said.refusal is None
+    read = parse_warning(said.warnings[0])
     assert read is not None
     assert read.verdict is Verdict.UNKNOWN
     assert "spec" in read.detail

@@ -288,6 +288,15 @@ class WebhookConfig(BaseModel):
             "the EndpointSlice controller and the API server see it go. The chart sets 5s."
         ),
     )
+    provisional_hold: Duration = Field(
+        timedelta(seconds=30),
+        alias="provisionalHold",
+        description=(
+            "Under strict mode (headroom.dev/outlook: strict) a create told 'would be "
+            "admitted' holds its room until its Reservation is decided, or this long if it "
+            "is never seen (its create failed after the webhook allowed it)."
+        ),
+    )
     outlook_timeout: OutlookTimeout = Field(
         timedelta(seconds=1),
         alias="outlookTimeout",

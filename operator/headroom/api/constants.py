@@ -24,6 +24,11 @@ HEARTBEAT_ANNOTATION = f"{GROUP}/heartbeat"
 OWNER_LABEL = f"{GROUP}/owner"
 #: A pod opts in to gating with this label (``"true"``): the webhook's objectSelector.
 CLAIM_LABEL = f"{GROUP}/claim"
+#: ``strict`` on a Reservation (annotation) or its Namespace (label): a create the
+#: ledger would reject now is refused at create, and one it would admit holds its room
+#: until it is decided (the outlook at create, issue 32).
+OUTLOOK_MODE = f"{GROUP}/outlook"
+STRICT = "strict"
 #: On the leader's Lease: the URL of its webhook, where a standby forwards the reviews
 #: only the leader can answer (a Reservation's outlook).
 WEBHOOK_URL_ANNOTATION = f"{GROUP}/webhook-url"

@@ -45,7 +45,7 @@ from headroom.cli.exits import (
 from headroom.cli.output import emit
 from headroom.client import placement, procedure
 from headroom.client.devices import cuda_visible_devices, device_list, devices_of
-from headroom.client.errors import PlacementError
+from headroom.client.errors import ClaimRefusedError, PlacementError
 from headroom.client.procedure import NODE_FULL
 from headroom.client.spec import ClaimRequest
 
@@ -72,7 +72,17 @@ def command(args: argparse.Namespace) -> int:
         body = request.body(node)
         if "name" not in body["metadata"]:
             body["metadata"]["generateName"] = "rsv-"
-        created = readers.create_reservation(cluster, body)
+        try:
+            created = readers.create_reservation(cluster, body)
+        except ClaimRefusedError as at_create:  # strict mode: refused at create, never made
+            said = f"{at_create.reason}: {at_create.message}"
+            if request.node is None and at_create.reason in NODE_FULL and index + 1 < len(nodes):
+                print(
+                    f"node {node} refused it at create ({said}); trying node {nodes[index + 1]}",
+                    file=sys.stderr,
+                )
+                continue
+            raise CommandError(Exit.REFUSED, f"refused at create on node {node}: {said}") from None
         name = created["metadata"]["name"]
         chosen = "" if request.node is not None else f" on node {node} ({placement.ORDER_RULE})"
         if not args.wait:

@@ -15,6 +15,7 @@ from kubernetes import client
 
 from headroom.api.constants import GROUP, HEARTBEAT_ANNOTATION, VERSION
 from headroom.client.connection import Connection
+from headroom.client.errors import ClaimRefusedError, refused_at_create
 
 JSON = dict[str, Any]
 #: Seconds to connect, and to wait for an answer, per request.
@@ -30,9 +31,25 @@ def phase(obj: JSON) -> str | None:
 
 
 def create(conn: Connection, body: JSON) -> JSON:
-    obj = conn.custom.create_namespaced_custom_object(
-        GROUP, VERSION, conn.namespace, RESERVATIONS, body, _request_timeout=REQUEST_TIMEOUT
-    )
+    """Create the Reservation. Refused at create under strict mode: ClaimRefusedError with
+    the reason and message its status would have carried (nothing was created)."""
+    try:
+        obj = conn.custom.create_namespaced_custom_object(
+            GROUP, VERSION, conn.namespace, RESERVATIONS, body, _request_timeout=REQUEST_TIMEOUT
+        )
+    except client.ApiException as error:
+        refusal = refused_at_create(error)
+        if refusal is None:
+            raise
+        metadata = body.get("metadata") or {}
+        raise ClaimRefusedError(
+            namespace=conn.namespace,
+            name=str(metadata.get("name") or metadata.get("generateName") or ""),
+            node=str((body.get("spec") or {}).get("node")),
+            phase="Rejected",
+            reason=refusal[0],
+            message=refusal[1],
+        ) from error
     return cast(JSON, obj)
 
 

@@ -12,6 +12,7 @@ configuration) are not wrapped: they mean the same here as everywhere else.
 from __future__ import annotations
 
 import json
+import re
 
 
 class ClaimError(Exception):
@@ -86,3 +87,19 @@ def api_message(error: BaseException) -> str:
     except (ValueError, AttributeError):
         message = None
     return " ".join(str(message or reason or "").split())
+
+
+#: The Reservations' webhook refuses a strict create (``headroom.dev/outlook: strict``)
+#: with the reason and the message its status would have carried.
+_REFUSED_AT_CREATE = re.compile(
+    r'admission webhook "outlook\.headroom\.dev" denied the request: '
+    r"(?P<reason>[A-Za-z]+): (?P<message>.*)"
+)
+
+
+def refused_at_create(error: BaseException) -> tuple[str, str] | None:
+    """(reason, message) when ``error`` is the operator refusing a strict create, else None."""
+    if getattr(error, "status", None) != 403:
+        return None
+    match = _REFUSED_AT_CREATE.search(api_message(error))
+    return (match["reason"], match["message"]) if match else None

@@ -153,7 +153,14 @@ def obtain(
         report(f"node {nodes[0]} chosen ({placement.ORDER_RULE}; candidates: {nodes})")
     refused: list[ClaimRefusedError] = []
     for index, node in enumerate(nodes):
-        obj = yield from _attempt(conn, request, node, deadline, timeout, report)
+        try:
+            obj = yield from _attempt(conn, request, node, deadline, timeout, report)
+        except ClaimRefusedError as at_create:  # strict mode: it never existed
+            if request.node is None and at_create.reason in NODE_FULL and index + 1 < len(nodes):
+                refused.append(at_create)
+                report(f"node {node} refused it at create; trying node {nodes[index + 1]}")
+                continue
+            raise
         status = obj.get("status") or {}
         if status.get("phase") == "Admitted":
             return Held(
@@ -200,7 +207,7 @@ def _attempt(
         except ApiException as error:
             if not (generated and error.status == 409):  # a generated name already taken
                 raise
-        except GeneratorExit:
+        except (GeneratorExit, ClaimRefusedError):  # refused at create: nothing was made
             raise
         except BaseException:  # interrupted mid-call: the create may have landed
             if generated:

@@ -33,6 +33,7 @@ from headroom.api.parse import InvalidValueError, parse_time
 from headroom.api.reasons import Phase, Reason
 from headroom.control.lookups import Lookups, PodAnswer
 from headroom.control.ownclaims import OwnClaims
+from headroom.control.provisional import ProvisionalHolds
 from headroom.control.state import POD, RESERVATION, Record, State
 from headroom.control.telemetry import NoTelemetry, Telemetry
 from headroom.control.writer import StatusWriter
@@ -119,6 +120,7 @@ class Admission:
         telemetry: Telemetry | None = None,
         namespace_ready: Callable[[str], bool] = lambda namespace: True,
         room_on: Callable[[set[str]], None] = lambda nodes: None,
+        provisional: ProvisionalHolds | None = None,
     ) -> None:
         """``namespace_ready(namespace)``: whether the namespace's quotas are known.
         ``room_on(nodes)``: told whenever room may have come back on those nodes (the pods
@@ -126,6 +128,7 @@ class Admission:
         self._state, self._writer, self._lookups, self._clock = state, writer, lookups, clock
         self._namespace_ready = namespace_ready
         self._room_on = room_on
+        self._provisional = provisional  # room held by a strict create's answer, by uid
         self._own = OwnClaims(state, lookups, clock)
         self._may_act, self._strict = may_act, strict
         self._telemetry = telemetry or NoTelemetry()
@@ -173,6 +176,8 @@ class Admission:
 
     def withdraw(self, uid: str) -> None:
         self._queue.pop(uid, None)
+        if self._provisional is not None:
+            self._provisional.give_back(uid)
 
     def wake(self) -> None:
         self._wake.set()
@@ -242,6 +247,9 @@ class Admission:
     def _decide(self, pending: Pending) -> None:
         """Decide one reservation and hand it to the writer. No await in here."""
         state, now = self._state, self._clock.now()
+        if self._provisional is not None:
+            # The room its create was promised comes back, and is taken again just below.
+            self._provisional.give_back(pending.uid)
         try:
             entry = reservation_entry(pending.obj, now)
         except InvalidValueError as error:

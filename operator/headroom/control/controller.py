@@ -42,6 +42,7 @@ from headroom.control.nodes import Nodes
 from headroom.control.outlook import ReservationOutlook
 from headroom.control.owners import Owners
 from headroom.control.podrequests import PodRequestsFeed
+from headroom.control.provisional import ProvisionalHolds
 from headroom.control.quotafeed import QuotaFeed
 from headroom.control.quotastatus import QuotaStatuses
 from headroom.control.reclaim import Reclaimer
@@ -152,10 +153,15 @@ class Controller:
             bind_grace=config.placement.bind_grace.total_seconds(),
         )
         self.room_waiters = RoomWaiters(transport, clock, fits=self._filtered, may_act=may_act)
+        self.holds = ProvisionalHolds(
+            state, lifetime=config.webhook.provisional_hold.total_seconds(),
+            room_freed=signals.wake_admission,
+        )
         self.admission = Admission(
             state, self.writer, self.lookups, clock, run_id=run_id,
             may_act=may_act, strict=config.queueing.strict, telemetry=self.telemetry,
             namespace_ready=self.quotas.namespace_ready, room_on=self.room_waiters.room_on,
+            provisional=self.holds,
         )
         self.adoption = (
             Adoption(
@@ -183,7 +189,7 @@ class Controller:
             else None
         )
         self.outlook = ReservationOutlook(
-            state, self.admission, clock, strict=config.queueing.strict,
+            state, self.admission, clock, strict=config.queueing.strict, holds=self.holds,
             deciding=lambda: self.ready.is_set() and may_act(),
         )
         # fmt: on

@@ -37,8 +37,9 @@ from typing import Any
 
 from aiohttp import web
 
+from headroom.control.outlook import OutlookAnswer
 from headroom.objects.gating import ReviewError, review_response
-from headroom.objects.outlookreview import allowed_with, reservation_under_review
+from headroom.objects.outlookreview import allowed_with, refused_with, reservation_under_review
 from headroom.serving.forward import FORWARDED_HEADER, ReviewForwarder
 from headroom.serving.tls import SwappableContext, context_from_pem
 
@@ -63,7 +64,7 @@ class WebhookServer:
         on_review: Callable[[str, float], None] = lambda result, seconds: None,
         *,
         scheduler: str | None = None,
-        outlook: Callable[[dict[str, Any]], Awaitable[list[str]]] | None = None,
+        outlook: Callable[..., Awaitable[OutlookAnswer]] | None = None,
         forwarder: ReviewForwarder | None = None,
     ) -> None:
         """``scheduler``: the schedulerName opted-in pods get instead of the gate (placement
@@ -150,22 +151,29 @@ class WebhookServer:
         body = await request.read()
         started = time.perf_counter()
         try:
-            review = (
+            decoded = (
                 await asyncio.to_thread(json.loads, body)
                 if len(body) > _LARGE_BODY
                 else json.loads(body)
             )
-            uid, reservation = reservation_under_review(review)
+            review = reservation_under_review(decoded)
         except (ValueError, RecursionError) as error:
             self._on_review("error", time.perf_counter() - started)
             response = web.Response(status=400, text=f"not an AdmissionReview: {error}"[:1000])
         else:
+            uid, reservation = review.uid, review.reservation
             answer = None
             if reservation is not None:
                 answer = await self._from_leader(request, uid, body)
+            if answer is None and reservation is not None:
+                said = await self._outlook(reservation, dry_run=review.dry_run)
+                answer = (
+                    allowed_with(uid, said.warnings)
+                    if said.refusal is None
+                    else refused_with(uid, said.refusal, said.warnings)
+                )
             if answer is None:
-                warnings = [] if reservation is None else await self._outlook(reservation)
-                answer = allowed_with(uid, warnings)
+                answer = allowed_with(uid, [])
             self._on_review(result_of(answer), time.perf_counter() - started)
             response = web.json_response(answer)
         if self.draining:
