@@ -21,7 +21,10 @@ to the step that broke it and played on the real API server:
   one resized so was let out on the old size's reservation (seed 4674);
 - after a restart, a reservation back in its node's queue forgot the lifetime its
   quota gives: a gated pod's waited its whole wait (24 hours) instead of being
-  refused ``AlreadyExpired`` when that lifetime ran out (seed 2429).
+  refused ``AlreadyExpired`` when that lifetime ran out (seed 2429);
+- a claiming pod the webhook missed, bound while the operator was down: at the
+  restart a tenant's reservation was admitted into the namespace's quota before the
+  pod's own reservation was made, and the quota held both (seed 2843).
 """
 
 from __future__ import annotations
@@ -255,3 +258,38 @@ async def test_a_waiter_requeued_at_a_restart_keeps_the_lifetime_its_quota_gives
 
     # 15 s after its creation, as the first operator would have refused it.
     await asyncio.to_thread(eventually, refused_at_its_lifetime, timeout=30)
+
+
+async def test_a_pod_bound_while_the_operator_was_down_fills_its_quota_before_any_decision(
+    inprocess: tuple[FaultyTransport, list[Controller]],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    quota: Callable[..., str],
+) -> None:
+    """Seed 2843: the decider admitted a tenant's claim into the quota before the
+    reservation of a pod running there was made, and the quota held both."""
+    transport, started = inprocess
+    pool, nodes = await asyncio.to_thread(pool_nodes, make_node, core, only="8Gi")
+    await asyncio.to_thread(quota, ramMB=1024)
+    # While no operator runs: a claiming pod the webhook missed runs on the node, and a
+    # tenant asks for room in the same quota.
+    body = claim_pod("p", pool, "1Gi", gated=False, node_name=nodes["only"])
+    body["metadata"]["labels"]["headroom.dev/owner"] = "true"
+    await asyncio.to_thread(core.create_namespaced_pod, namespace, body)
+    await asyncio.to_thread(rsv.create, custom, namespace, "r", nodes["only"], 512, wait="10m")
+    # The pod's reservation cannot be made for now (a busy API server).
+    failing = transport.add(Rule("POST", f"/namespaces/{namespace}/reservations", "refuse-500"))
+    config = parse_config("{sweepPeriod: 100ms, summaryInterval: 100ms, resyncPeriod: 1h}")
+    controller = Controller(config, transport)
+    started.append(controller)
+    await controller.start()
+
+    decided = await asyncio.to_thread(rsv.wait_for, custom, namespace, "r", ("Queued", "Admitted"))
+    assert (decided["status"]["phase"], decided["status"]["reason"]) == ("Queued", "QuotaExceeded")
+    failing.times = 0  # the API server answers again
+    held = await asyncio.to_thread(rsv.wait_for, custom, namespace, "p", ("Admitted",), timeout=30)
+    assert held["status"]["reason"] == "Fits"  # its own claim did not count against it
+    still = await asyncio.to_thread(rsv.get, custom, namespace, "r")
+    assert still["status"]["phase"] == "Queued"

@@ -35,6 +35,11 @@ or delays the one that makes the race.
   was labelled before it queued for the placement lock, so the third pod's
   reservation was made, and admitted, before the second's. A pod is labelled under
   the lock, in the order the pods came.
+- A claiming pod bound while the operator was down, the webhook having missed it
+  (seed 2843): at the restart the decider admitted a tenant's reservation into the
+  namespace's quota before the pod's own reservation was made and recorded, so the
+  quota held both. A pod that runs with no decision about its reservation counts
+  against its quotas from the rebuild on (``Ledger.set_running_claim``).
 """
 
 from __future__ import annotations
@@ -47,12 +52,14 @@ from headroom.api.constants import CLAIM_LABEL, OWNER_LABEL, RAM_ANNOTATION, SCH
 from headroom.control.controller import Controller
 from headroom.kube.transport import JSON, Transport, resource_path
 from headroom.objects.pods import pod_reservation
+from headroom_dev import quotas as hq
 from headroom_dev.sim.fakeapi import FakeApiServer
 from headroom_dev.sim.loop import VirtualClock, run_virtual
 
 NS = "ml"
 PODS = resource_path("", "v1", "pods", NS)
 FOREIGN = "example.com/quota"
+QUOTAS = resource_path("headroom.dev", "v1alpha1", "headroomquotas")
 
 
 def start(server: FakeApiServer) -> Controller:
@@ -306,6 +313,29 @@ def test_pods_are_reserved_in_the_order_they_came_whatever_their_label_patches_t
         await deliver_reservations(server, controller)
         phases = {r["metadata"]["name"]: r["status"]["phase"] for r in server.reservations(NS)}
         assert phases == {"job-0": "Admitted", "job-1": "Admitted", "job-2": "Queued"}
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_a_pod_bound_while_the_operator_was_down_fills_its_quota_before_any_decision() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        name = {"kubernetes.io/metadata.name": NS}
+        server.create(QUOTAS, hq.quota("q", name, ramMB=1024))
+        # While the operator is down: a claiming pod the webhook missed is bound (its
+        # reservation not made yet), and a tenant asks for the rest of the quota.
+        bound_pod(server, "n1", ram="1024Mi")
+        server.create_reservation(NS, "r", "n1", 512, wait="10m")
+        controller = start(server)
+        await controller.start()
+        await asyncio.sleep(1)  # the decider decides r; the pod's reservation is not seen yet
+        await deliver_reservations(server, controller)
+        found = {r["metadata"]["name"]: r["status"] for r in server.reservations(NS)}
+        assert (found["p"]["phase"], found["p"]["reason"]) == ("Admitted", "Fits")
+        assert (found["r"]["phase"], found["r"]["reason"]) == ("Queued", "QuotaExceeded")
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=600)

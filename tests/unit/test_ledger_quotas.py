@@ -611,3 +611,34 @@ def test_a_pods_waiter_its_quota_now_refuses_for_good_is_refused_at_once() -> No
     ]
     assert [w.entry_id for w in book.waiting.on("n2")] == ["ml/w"]
     assert book.wait_over(T0) == []  # said once
+
+
+def test_a_running_pods_claim_counts_against_its_quota_until_its_own_entry_replaces_it() -> None:
+    """A pod that runs before its reservation is decided (the webhook missed it, the
+    operator was down): its claim fills its quota meanwhile, not its own decision."""
+    book = ledger()
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=4 * GIB, max_entries=2))
+    assert book.set_running_claim("ml/pod", entry("ml/pod", 3 * GIB))
+    assert book.quotas.used("q") == Usage(3 * GIB, 0, 1)
+    refused = book.reserve(entry("ml-dev/b", 2 * GIB), T0)  # shares the quota
+    assert (refused.admitted, refused.reason) == (False, Reason.QUOTA_EXCEEDED)
+    assert not book.set_running_claim("ml/pod", entry("ml/pod", 3 * GIB))  # no change
+    own = book.record(entry("ml/pod", 3 * GIB), T0)  # its own entry: not against itself
+    assert (own.admitted, own.reason) == (True, Reason.FITS)
+    assert book.quotas.used("q") == Usage(3 * GIB, 0, 1)  # counted once
+    assert book.running_claims() == 0
+    assert not book.set_running_claim("ml/pod", entry("ml/pod", 3 * GIB))  # its entry counts
+    book.release("ml/pod")
+    assert book.quotas.used("q") == Usage()
+
+
+def test_a_running_claim_no_longer_counted_leaves_room_for_the_quotas_waiters() -> None:
+    book = ledger()
+    book.set_quota(QuotaRules("q", team("ml"), ram_mb=4 * GIB))
+    book.set_running_claim("ml/pod", entry("ml/pod", 3 * GIB))
+    queued = book.reserve_or_wait(entry("ml/b", 2 * GIB, node="n2"), T0, LATER)
+    assert (queued.queued, queued.reason) == (True, Reason.QUOTA_EXCEEDED)
+    assert book.set_running_claim("ml/pod", None)  # the pod ended before its reservation
+    assert book.quotas.used("q") == Usage()
+    admitted = book.admit_waiting(T0, book.quota_waiters("ml"))
+    assert [(d.entry.id, d.reason) for d in admitted] == [("ml/b", Reason.FITS)]

@@ -38,6 +38,7 @@ from headroom.control.podactions import (
     Say,
     Ungate,
     decide,
+    running_claim,
 )
 from headroom.control.state import Record
 from headroom.objects.nodeconstraints import NodeFacts
@@ -504,3 +505,46 @@ def test_a_pin_is_told_from_a_binding_whatever_the_pods_own_terms() -> None:
     assert pinned_to(pinned, NODE)
     assert not pinned_to(pinned, "other")
     assert not pinned_to({"spec": {}}, NODE)
+
+
+@pytest.mark.parametrize(
+    ("meaning", "obj", "decided", "remembered", "counted"),
+    [
+        ("bound, no decision about its reservation", pod(gated=False, node=NODE), None, {}, True),
+        ("bound, its reservation decided", pod(gated=False, node=NODE), ADMITTED, {}, False),
+        (
+            "bound, refused: as before, held nowhere",
+            pod(gated=False, node=NODE),
+            REFUSED,
+            {},
+            False,
+        ),
+        ("gated: runs nowhere", pod(), None, {}, False),
+        ("not bound", pod(gated=False), None, {}, False),
+        ("bound once (a lagging event)", pod(gated=False), None, {"node": NODE}, True),
+        ("ended", pod(gated=False, node=NODE, phase="Failed"), None, {}, False),
+        ("ended once seen", pod(gated=False, node=NODE), None, {"ended": True}, False),
+        ("no longer claiming", pod(gated=False, node=NODE, labelled=False), None, {}, False),
+        ("claim unreadable", pod(gated=False, node=NODE, ram="lots"), None, {}, False),
+        (
+            "ran out (its condition says so)",
+            pod(gated=False, node=NODE, condition=Reason.EXPIRED),
+            None,
+            {},
+            False,
+        ),
+        ("ran out (seen)", pod(gated=False, node=NODE), None, {"expired": True}, False),
+    ],
+)
+def test_a_pod_running_with_no_decision_about_its_reservation_counts_its_claim(
+    meaning: str, obj: JSON, decided: Record | None, remembered: dict[str, object], counted: bool
+) -> None:
+    seen = ClaimPod(obj, POD_UID)
+    for name, value in remembered.items():
+        setattr(seen, name, value)
+    got = running_claim(seen, decided)
+    if counted:
+        assert got is not None, meaning
+        assert (got[0], got[1].ram_mb) == (NODE, 1024), meaning
+    else:
+        assert got is None, meaning

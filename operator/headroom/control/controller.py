@@ -151,6 +151,7 @@ class Controller:
             state, transport, events, clock, reclaim=self.reclaimer.reclaim, may_act=may_act,
             rng=rng, telemetry=self.telemetry,
             bind_grace=config.placement.bind_grace.total_seconds(),
+            wake=signals.wake_admission,
         )
         self.room_waiters = RoomWaiters(transport, clock, fits=self._filtered, may_act=may_act)
         self.holds = ProvisionalHolds(

@@ -34,7 +34,9 @@ confirmed, the resync):
   it is gated;
 - not gated but bound (the webhook missed it, or the label came later): its claim
   is recorded on the node it runs on, over the limit if it must be
-  (``OverCommitted``), never pretended away;
+  (``OverCommitted``), never pretended away; until its reservation is decided, the
+  ledger counts that claim against its quotas (from the rebuild on, before the
+  decider's first decision), so nothing is admitted into room the pod already uses;
 - Succeeded or Failed: its reservation is reclaimed at once (``OwnerPodFinished``),
   or, if it still waits in a queue (decided after the pod ended), deleted.
   A deleted pod's reservation goes with the pod's owner label (``headroom.control
@@ -64,6 +66,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from headroom.api.claims import PodClaim, is_claim_pod, pod_claim
 from headroom.api.constants import OWNER_LABEL
@@ -91,6 +94,7 @@ from headroom.control.podactions import (
     Say,
     Ungate,
     decide,
+    running_claim,
 )
 from headroom.control.podcalls import Caller, DeposedError, PodCalls
 from headroom.control.state import PodKey, Record, State, deliver_listed, pod_key
@@ -98,6 +102,7 @@ from headroom.control.telemetry import Telemetry
 from headroom.kube.clock import Clock
 from headroom.kube.events import EventRecorder
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError, Transport, list_all
+from headroom.ledger import Entry
 from headroom.objects.nodeconstraints import may_run_on
 from headroom.objects.podreservations import booked, differences, for_another_claim
 from headroom.objects.pods import (
@@ -109,6 +114,7 @@ from headroom.objects.pods import (
     pod_wait,
     unschedulable_for,
 )
+from headroom.objects.reservations import reservation_id
 
 log = logging.getLogger(__name__)
 #: The pods watch selects nothing: a pod our gate holds is followed whatever its labels
@@ -117,6 +123,7 @@ CLAIM_SELECTOR = None
 _RETRY_FIRST, _RETRY_CAP = 10.0, 300.0  # a new reservation after a refusal, per pod
 _AFTER_BIND = 0.5  # seconds: a pod kube-scheduler's bind holds is looked at again after
 _GONE_WITHIN = 5.0  # seconds a queue waits to see the reservation it replaced gone
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # a running claim's times: never read
 
 
 def _created(pod: JSON) -> str:
@@ -143,10 +150,13 @@ class Gates(PodCalls, WatchedFeed):
         rng: random.Random,
         telemetry: Telemetry | None = None,
         bind_grace: float = BIND_GRACE,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         """``bind_grace``: seconds an admission for kube-scheduler's choice waits for its
-        Binding before it is fenced and released."""
+        Binding before it is fenced and released; ``wake``: the decider's (a running
+        claim no longer counted may leave room in its quotas)."""
         self._bind_grace = bind_grace
+        self._wake = wake
         super().__init__(
             state,
             transport,
@@ -203,6 +213,7 @@ class Gates(PodCalls, WatchedFeed):
         if event_type == "DELETED":
             if seen is not None and seen.uid == uid:
                 del self._claim_pods[key]
+                self._count_running(key)
                 self._tasks.spawn(self._gone(key, uid))
             return
         if listed_at is not None and seen is not None and seen.seen_at >= listed_at:
@@ -212,6 +223,7 @@ class Gates(PodCalls, WatchedFeed):
             # ours to follow; a reservation it holds stays, as any owner pod's does.
             if seen is not None and seen.uid == uid:
                 del self._claim_pods[key]
+                self._count_running(key)
             return
         if seen is None or seen.uid != uid:
             seen = self._claim_pods[key] = ClaimPod(obj, uid)
@@ -221,6 +233,7 @@ class Gates(PodCalls, WatchedFeed):
         seen.ended = seen.ended or is_finished(obj)
         if is_gated(obj) and seen.gated_at is None:
             seen.gated_at = self._clock.monotonic()
+        self._count_running(key)
         self.poke(key)
 
     async def relist(self) -> str:
@@ -234,6 +247,7 @@ class Gates(PodCalls, WatchedFeed):
         for key in [k for k, seen in self._claim_pods.items() if k not in listed]:
             if self._claim_pods[key].seen_at < listed_at:  # a watch may have seen it since
                 del self._claim_pods[key]
+                self._count_running(key)
         # A pod deleted while nobody watched (the operator down, a watch gap): its
         # reservation, if it holds nothing, goes now, not at the next resync.
         for key, known in list(self._reservations.items()):
@@ -259,6 +273,7 @@ class Gates(PodCalls, WatchedFeed):
         if known is None or known.uid != uid:
             self._reservations[key] = Known(uid, pod_uid, booked(obj))
             self._pod_of[uid] = key
+            self._count_running(key)
             self.poke(key)
 
     def reservation_gone(self, uid: str) -> None:
@@ -269,12 +284,14 @@ class Gates(PodCalls, WatchedFeed):
         known = self._reservations.get(key) if key is not None else None
         if key is not None and known is not None and known.uid == uid:
             del self._reservations[key]
+            self._count_running(key)
             self.poke(key)
 
     def decided(self, record: Record) -> None:
         """A decision reached its object: a gated pod may go now."""
         key = (record.namespace, record.name)
         self._planned.pop(key, None)  # the ledger holds it now, or never will
+        self._count_running(key)
         if key in self._reservations:
             self.poke(key)
 
@@ -295,6 +312,7 @@ class Gates(PodCalls, WatchedFeed):
 
     async def _reconcile(self, key: PodKey) -> None:
         """One pass of the pod's key: what is known of it, decided, done."""
+        self._count_running(key)
         seen = self._claim_pods.get(key)
         if seen is None or not self.started or not self._may_act():
             return
@@ -368,6 +386,31 @@ class Gates(PodCalls, WatchedFeed):
             return False
         self.on_event(None, pod)
         return True
+
+    def _count_running(self, key: PodKey) -> None:
+        """Level-triggered: the ledger counts the pod's claim against its quotas while it
+        runs with no decision about its reservation (:func:`running_claim`), from the
+        rebuild on: no decision is taken against a ledger that lacks it."""
+        seen = self._claim_pods.get(key)
+        running = None
+        if seen is not None:
+            running = running_claim(seen, self._record(self._reservations.get(key), seen))
+        entry_id = reservation_id(*key)
+        claim = None
+        if running is not None:
+            node, wanted = running
+            claim = Entry(
+                entry_id,
+                node,
+                wanted.ram_mb,
+                _EPOCH,
+                _EPOCH,
+                vram_mb=wanted.vram_mb,
+                pod_lifetime=True,
+            )
+        if self._state.ledger.set_running_claim(entry_id, claim) and claim is None:
+            self._state.mark_room(*self._state.ledger.quota_waiters(key[0]))
+            self._wake()
 
     def _record(self, known: Known | None, seen: ClaimPod) -> Record | None:
         """The decision about the pod's reservation, if it was made for this incarnation."""

@@ -254,6 +254,27 @@ def decide(
     return Nothing()
 
 
+def running_claim(seen: ClaimPod, record: Record | None) -> tuple[str, PodClaim] | None:
+    """Where pod ``seen`` runs and what it claims, while the ledger has no decision about
+    a reservation of it (``record``: that of its own reservation, None if none is
+    decided): bound without Headroom's gate (the webhook missed it, the operator was
+    down), before its reservation is made and recorded (:func:`decide`'s ``Create`` on
+    its node, then the decider). The ledger counts that claim against its namespace's
+    quotas meanwhile, so no decision admits into room the pod already uses. None: it
+    has a decision, has not run or no longer runs, claims nothing readable, or ran out
+    (it gets no other reservation)."""
+    pod = seen.obj
+    node = seen.node or bound_node(pod)
+    if record is not None or node is None or seen.ended or is_finished(pod):
+        return None
+    if not is_claim_pod(pod) or _ran_out(seen):
+        return None
+    try:
+        return node, pod_claim(pod)
+    except InvalidValueError:
+        return None
+
+
 def _waits_for_scheduler(seen: ClaimPod, claim: PodClaim, record: Record, now: float) -> PodAction:
     """A pod kube-scheduler places, whose reservation from the ledger's queue waits or
     was refused: it says so, as a gated pod does; refused, once its retry delay is over,

@@ -66,6 +66,9 @@ class Ledger:
         self._pod_requests = PodRequests()
         self._external = ExternalHoldings()  # GPUs held outside Headroom (ledger.external)
         self._quotas = Quotas()
+        #: Claims of pods that run without an entry here yet (entry id -> the claim):
+        #: counted against their namespace's quotas until their own entry replaces them.
+        self._running: dict[str, Entry] = {}
         self._quota_changes_seen = 0  # Quotas.changes when pods' waiters were last looked at
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
@@ -102,6 +105,27 @@ class Ledger:
     def set_device_plugin_pod(self, key: PodKey, node: str | None, gpus: int) -> set[str]:
         """A pod bound to ``node`` holds ``gpus`` device-plugin GPUs (None or 0: none)."""
         return self._touch(self._external.set_pod(key, node, gpus))
+
+    def set_running_claim(self, entry_id: str, claim: Entry | None) -> bool:
+        """A pod runs on a claim the ledger holds no entry ``entry_id`` for yet (its
+        reservation not made or not decided: a webhook missed it, the operator was
+        down): counted against its namespace's quotas, so that nothing is admitted into
+        room the pod already uses, until that entry replaces it (:meth:`record`) or
+        ``claim`` is None (it ended, went, or its reservation was decided). Never
+        counted against its own entry's decision. Whether its namespace's usage moved."""
+        if claim is not None and entry_id in self._entries:
+            claim = None  # its entry is held: that counts it
+        before = self._running.pop(entry_id, None)
+        if before is not None:
+            self._quotas.remove(before)
+        if claim is not None:
+            self._running[entry_id] = claim
+            self._quotas.add(claim)
+        return _usage(before) != _usage(claim)
+
+    def running_claims(self) -> int:
+        """How many running pods' claims count against quotas without an entry."""
+        return len(self._running)
 
     def bound_pods(self) -> int:
         """How many pods the scheduler bound count here with their memory requests."""
@@ -574,7 +598,18 @@ class Ledger:
         return None
 
     def _quota_refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
-        """Why its namespace's quotas refuse it, or the lifetime they give ran out."""
+        """Why its namespace's quotas refuse it, or the lifetime they give ran out. The
+        running claim it is to replace (:meth:`set_running_claim`) does not count."""
+        running = self._running.get(entry.id)
+        if running is not None:
+            self._quotas.remove(running)
+        try:
+            return self._quota_refusal_now(entry, now)
+        finally:
+            if running is not None:
+                self._quotas.add(running)
+
+    def _quota_refusal_now(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
         refused_by_quota = self._quotas.refusal(entry)
         if refused_by_quota is not None:
             return refused_by_quota
@@ -592,6 +627,7 @@ class Ledger:
             entry.expires_at = entry.given_expiry = self._quotas.expiry(entry)
 
     def _add(self, state: NodeState, entry: Entry, *, restored: bool = False) -> None:
+        self.set_running_claim(entry.id, None)  # its entry counts it from now on
         state.add(entry)
         self._quotas.add(entry)
         self._entries[entry.id] = entry
@@ -809,6 +845,10 @@ class Ledger:
             active_mb=sum(s.reserved_ram_mb for s in self._nodes.values()),
             failures_by_reason=dict(self._failures),
         )
+
+
+def _usage(entry: Entry | None) -> tuple[int, int] | None:
+    return (entry.ram_mb, entry.vram_mb) if entry is not None else None
 
 
 def _node_unknown(node: str) -> tuple[Reason, str]:
