@@ -348,3 +348,47 @@ def test_a_create_that_fails_after_being_allowed_gives_its_hold_back(
 
     eventually(let_in, timeout=15, retry_on=(client.ApiException,))
     assert rsv.wait_for(custom, namespace, "other")["status"]["phase"] == "Admitted"
+
+
+def test_with_the_leader_killed_creates_go_on_and_the_new_leader_answers(
+    outlook: Gate,
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    custom: client.CustomObjectsApi,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    """The leader is killed: the standby (where the configuration sends reviews) cannot
+    reach it and answers at once with no outlook; once it has taken the Lease and
+    rebuilt, it answers from its own ledger, which holds what was admitted before."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="11Gi")  # 10240 MiB
+    election = {
+        "enabled": True,
+        "namespace": namespace,
+        "leaseName": f"lease-{outlook.name}",
+        "leaseDuration": "3s",
+        "renewDeadline": "2s",
+        "retryPeriod": "0.5s",
+    }
+    leader = run_operator({**outlook.config(free_port()), "leaderElection": election})
+    leader.wait_ready(body="ok")
+    standby = run_operator({**outlook.config(), "leaderElection": election}, wait_ready=False)
+    standby.wait_ready(body="standby")
+    wait_for_outlooks(kubectl, namespace, node)
+    assert apply(kubectl, namespace, reservation_yaml("before", node, 6000)).node == node
+    assert rsv.wait_for(custom, namespace, "before")["status"]["phase"] == "Admitted"
+
+    assert leader.popen is not None
+    leader.popen.kill()
+    leader.popen.wait(10)
+    started = time.monotonic()
+    during = apply(kubectl, namespace, reservation_yaml("during", node, 100))
+    took = time.monotonic() - started
+    assert during.verdict is Verdict.UNKNOWN, during
+    assert took < TIMEOUT_SECONDS + 1.0, f"the create waited {took:.2f}s"
+
+    standby.wait_ready(timeout=60, body="ok")
+    after = apply(kubectl, namespace, reservation_yaml("after", node, 6000), "--dry-run=server")
+    assert (after.verdict, after.reason) == (Verdict.REJECTED, "InsufficientRAM"), after
+    assert rsv.wait_for(custom, namespace, "during")["status"]["phase"] == "Admitted"
