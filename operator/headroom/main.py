@@ -158,6 +158,11 @@ def _webhook(
             on_review=metrics.reviewed,
             scheduler=scheduler,
             outlook=outlook,
+            pod_outlook=LedgerOutlook(
+                asyncio.get_running_loop(),
+                lambda pod, dry_run: controller.outlook.pod_answer(pod),
+                timeout=webhook.outlook_timeout.total_seconds(),
+            ),
             forwarder=forwarder,
         )
     )

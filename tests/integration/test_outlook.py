@@ -23,13 +23,14 @@ import pytest
 import yaml
 from kubernetes import client
 
-from headroom.api.constants import OUTLOOK_MODE
+from headroom.api.constants import OUTLOOK_MODE, RAM_ANNOTATION
 from headroom.api.outlook import Outlook, Verdict, parse_warning
 from headroom_dev import reservations as rsv
 from headroom_dev.controlplane import free_port
 from headroom_dev.operator import OperatorProcess
 from tests.integration.conftest import OUTLOOK_TIMEOUT_SECONDS
-from tests.integration.test_webhook import Gate
+from tests.integration.test_pod_gates import untaint
+from tests.integration.test_webhook import Gate, pod_yaml
 from tests.polling import eventually
 
 Kubectl = Callable[..., CompletedProcess[str]]
@@ -110,6 +111,7 @@ def test_a_standby_forwards_to_the_leader_and_answers_alone_when_it_cannot(
     outlook: Gate,
     run_operator: Callable[..., OperatorProcess],
     make_node: Callable[..., Any],
+    core: client.CoreV1Api,
     kubectl: Kubectl,
     namespace: str,
 ) -> None:
@@ -118,12 +120,19 @@ def test_a_standby_forwards_to_the_leader_and_answers_alone_when_it_cannot(
     leader's outlook. With the leader stopped it answers itself, in time, with none."""
     node = f"n-{uuid.uuid4().hex[:6]}"
     make_node(node, memory="11Gi")
+    untaint(core, node)
     election = {"enabled": True, "namespace": namespace, "leaseName": f"lease-{outlook.name}"}
     leader = run_operator({**outlook.config(free_port()), "leaderElection": election})
     leader.wait_ready(body="ok")
     standby = run_operator({**outlook.config(), "leaderElection": election}, wait_ready=False)
     standby.wait_ready(body="standby")
     wait_for_outlooks(kubectl, namespace, node)  # only the leader has one to give
+    # An opted-in pod's review too: the standby hands it over whole, gate and outlook.
+    pod = kubectl(
+        "apply", "-n", namespace, "-f", "-", input=pod_yaml("claims", {RAM_ANNOTATION: "1Gi"})
+    )
+    assert pod.returncode == 0, pod.stderr
+    assert [o.verdict for o in outlooks(pod.stderr)] == [Verdict.ADMITTED], pod.stderr
 
     assert leader.popen is not None
     leader.popen.send_signal(signal.SIGSTOP)
@@ -392,3 +401,38 @@ def test_with_the_leader_killed_creates_go_on_and_the_new_leader_answers(
     after = apply(kubectl, namespace, reservation_yaml("after", node, 6000), "--dry-run=server")
     assert (after.verdict, after.reason) == (Verdict.REJECTED, "InsufficientRAM"), after
     assert rsv.wait_for(custom, namespace, "during")["status"]["phase"] == "Admitted"
+
+
+def test_an_opted_in_pods_create_says_where_its_claim_would_go(
+    outlook: Gate,
+    run_operator: Callable[..., OperatorProcess],
+    make_node: Callable[..., Any],
+    core: client.CoreV1Api,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    """The gating webhook's answer carries the outlook of the pod's claim, on the node
+    the gate would choose: admitted there, or waiting there in the queue."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    make_node(node, memory="11Gi")  # 10240 MiB; the only node, so the gate's choice
+    untaint(core, node)
+    run_operator(outlook.config())
+    wait_for_outlooks(kubectl, namespace, node)
+
+    def created(name: str, ram: str) -> Outlook:
+        result = kubectl(
+            "apply", "-n", namespace, "-f", "-", input=pod_yaml(name, {RAM_ANNOTATION: ram})
+        )
+        assert result.returncode == 0, result.stderr
+        (said,) = outlooks(result.stderr)
+        return said
+
+    first = created("first", "6000Mi")
+    assert (first.verdict, first.node) == (Verdict.ADMITTED, node), first
+    assert first.detail.startswith("6000 of 10240 MiB RAM free"), first
+
+    def waits() -> None:  # once the first one's reservation holds its room
+        said = created(f"second-{uuid.uuid4().hex[:4]}", "6000Mi")
+        assert (said.verdict, said.node, said.reason) == (Verdict.QUEUED, node, "InsufficientRAM")
+
+    eventually(waits, timeout=15, retry_on=(AssertionError,))

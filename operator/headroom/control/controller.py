@@ -191,7 +191,8 @@ class Controller:
         )
         self.outlook = ReservationOutlook(
             state, self.admission, clock, strict=config.queueing.strict, holds=self.holds,
-            deciding=lambda: self.ready.is_set() and may_act(),
+            deciding=lambda: self.ready.is_set() and may_act(), planned=self.gates.planned,
+            scheduler=config.placement.scheduler,
         )
         # fmt: on
 

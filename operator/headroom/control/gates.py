@@ -182,6 +182,10 @@ class Gates(PodCalls, WatchedFeed):
 
     # -- what the operator sees --------------------------------------------------------------
 
+    def planned(self) -> list[tuple[str, int, int]]:
+        """What was created for pods and is not decided yet: (node, RAM MiB, VRAM MiB)."""
+        return list(self._planned.values())
+
     @property
     def gated(self) -> int:
         """Pods held by our gate now."""

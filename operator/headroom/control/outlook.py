@@ -21,14 +21,16 @@ no outlook, strict mode cannot refuse: the create goes on and is decided as usua
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from headroom.api.claims import pod_claim
 from headroom.api.constants import OUTLOOK_MODE, STRICT
 from headroom.api.outlook import CAVEAT, Outlook, Verdict
 from headroom.api.parse import InvalidValueError
 from headroom.api.reasons import Reason
 from headroom.control.admission import Admission
+from headroom.control.placement import Planned, choose_node, pod_probe
 from headroom.control.provisional import ProvisionalHolds
 from headroom.control.state import State
 from headroom.kube.clock import Clock
@@ -63,11 +65,16 @@ class ReservationOutlook:
         deciding: Callable[[], bool],
         holds: ProvisionalHolds,
         strict: bool = False,
+        planned: Callable[[], Iterable[Planned]] = list,
+        scheduler: str | None = None,
     ) -> None:
         """``deciding``: whether this replica leads with its ledger rebuilt now.
-        ``strict``: strict FIFO on each node's queue (``queueing.strict``)."""
+        ``strict``: strict FIFO on each node's queue (``queueing.strict``). ``planned()``:
+        what the gate created for pods and is not decided yet. ``scheduler``: the
+        schedulerName opted-in pods get (placement by kube-scheduler), None: gated."""
         self._state, self._admission, self._clock = state, admission, clock
         self._deciding, self._holds, self._strict_fifo = deciding, holds, strict
+        self._planned, self._scheduler = planned, scheduler
 
     def answer(self, obj: JSON, *, dry_run: bool = False) -> OutlookAnswer:
         """The answer to creating ``obj``: its outlook (then any caveat) as warnings; under
@@ -99,6 +106,32 @@ class ReservationOutlook:
                     "decided yet and go first"
                 )
         return OutlookAnswer(said)
+
+    def pod_answer(self, pod: JSON) -> OutlookAnswer:
+        """The warnings for creating an opted-in pod the webhook gates: where its
+        reservation would go (the gate's own choice of node) and what the ledger would
+        decide there, or why it would wait for a node. Never a refusal: what the gate
+        refuses (a claim it cannot read) it refuses itself."""
+        if not self._deciding():
+            return OutlookAnswer([Outlook(Verdict.UNKNOWN, NOT_DECIDING).warning()])
+        if self._scheduler is not None:
+            detail = (
+                f"kube-scheduler (schedulerName {self._scheduler}) chooses its node among "
+                "those where the ledger has room"
+            )
+            return OutlookAnswer([Outlook(Verdict.UNKNOWN, detail).warning()])
+        try:
+            claim = pod_claim(pod)
+        except InvalidValueError:
+            return OutlookAnswer()
+        now = self._clock.now()
+        placement = choose_node(self._state, self._planned(), pod, claim, now)
+        if placement.node is None:
+            return OutlookAnswer([Outlook(Verdict.UNKNOWN, placement.why).warning()])
+        probe = pod_probe(self._state, pod, claim, now)
+        probe.node = placement.node
+        found = outlook(self._state.ledger, probe, now, probe.wait_until, strict=self._strict_fifo)
+        return OutlookAnswer([found.warning()])
 
     def warnings(self, obj: JSON) -> list[str]:
         """The warnings alone (no strict mode, no hold): what a dry run would be told."""

@@ -39,7 +39,12 @@ from aiohttp import web
 
 from headroom.control.outlook import OutlookAnswer
 from headroom.objects.gating import ReviewError, review_response
-from headroom.objects.outlookreview import allowed_with, refused_with, reservation_under_review
+from headroom.objects.outlookreview import (
+    MAX_WARNING,
+    allowed_with,
+    refused_with,
+    reservation_under_review,
+)
 from headroom.serving.forward import FORWARDED_HEADER, ReviewForwarder
 from headroom.serving.tls import SwappableContext, context_from_pem
 
@@ -65,6 +70,7 @@ class WebhookServer:
         *,
         scheduler: str | None = None,
         outlook: Callable[..., Awaitable[OutlookAnswer]] | None = None,
+        pod_outlook: Callable[..., Awaitable[OutlookAnswer]] | None = None,
         forwarder: ReviewForwarder | None = None,
     ) -> None:
         """``scheduler``: the schedulerName opted-in pods get instead of the gate (placement
@@ -75,6 +81,7 @@ class WebhookServer:
         self._host, self.port = host, port
         self._scheduler = scheduler
         self._outlook, self._forwarder = outlook, forwarder
+        self._pod_outlook = pod_outlook  # an opted-in pod's claim: the same, as warnings
         self._on_review = on_review
         self._runner: web.AppRunner | None = None
         self._tls = SwappableContext()
@@ -132,13 +139,15 @@ class WebhookServer:
         started = time.perf_counter()
         try:
             if len(body) > _LARGE_BODY:
-                answer = await asyncio.to_thread(_answer, body, self._scheduler)
+                review, answer = await asyncio.to_thread(_answer, body, self._scheduler)
             else:
-                answer = _answer(body, self._scheduler)
+                review, answer = _answer(body, self._scheduler)
         except (ValueError, RecursionError) as error:  # ReviewError is a ValueError
             self._on_review("error", time.perf_counter() - started)
             response = web.Response(status=400, text=f"not an AdmissionReview: {error}"[:1000])
         else:
+            if self._pod_outlook is not None and result_of(answer) == "patched":
+                answer = await self._with_pod_outlook(request, body, review, answer)
             self._on_review(result_of(answer), time.perf_counter() - started)
             response = web.json_response(answer)
         if self.draining:
@@ -180,8 +189,24 @@ class WebhookServer:
             response.force_close()
         return response
 
+    async def _with_pod_outlook(
+        self, request: web.Request, body: bytes, review: Any, answer: dict[str, Any]
+    ) -> dict[str, Any]:
+        """An opted-in pod's gating answer, with the outlook of its claim as warnings: the
+        leader's answer when this replica does not lead (the same patch: the gate depends
+        on the pod alone), else this one's, with the outlook worked out here."""
+        assert self._pod_outlook is not None
+        response = answer["response"]
+        forwarded = await self._from_leader(request, response["uid"], body, PATH)
+        if forwarded is not None and result_of(forwarded) == "patched":
+            return forwarded
+        said = await self._pod_outlook(review["request"]["object"], dry_run=False)
+        if said.warnings:
+            response["warnings"] = [text[:MAX_WARNING] for text in said.warnings]
+        return answer
+
     async def _from_leader(
-        self, request: web.Request, uid: str, body: bytes
+        self, request: web.Request, uid: str, body: bytes, path: str = OUTLOOK_PATH
     ) -> dict[str, Any] | None:
         """The leader's answer to this review, when this replica does not lead and the
         review was not forwarded already; None: answer it here."""
@@ -190,7 +215,7 @@ class WebhookServer:
         url = self._forwarder.target()
         if url is None:
             return None
-        answer = await self._forwarder.forward(url, OUTLOOK_PATH, body)
+        answer = await self._forwarder.forward(url, path, body)
         response = (answer or {}).get("response")
         if not isinstance(response, dict) or response.get("uid") != uid:
             return None
@@ -205,9 +230,9 @@ def result_of(answer: dict[str, Any]) -> str:
     return "patched" if response.get("patch") else "allowed"
 
 
-def _answer(body: bytes, scheduler: str | None) -> dict[str, Any]:
+def _answer(body: bytes, scheduler: str | None) -> tuple[Any, dict[str, Any]]:
     try:
         review = json.loads(body)
     except ValueError as error:
         raise ReviewError(f"body is not JSON: {error}") from None
-    return review_response(review, scheduler=scheduler)
+    return review, review_response(review, scheduler=scheduler)
