@@ -104,6 +104,7 @@ bench: venv controlplane controllers ## Benchmarks (not part of test): core ledg
 	$(PY) bench/gates.py $(if $(QUICK),--quick,) --json bench/results/gates.json
 	$(PY) bench/gpus.py $(if $(QUICK),--quick,) --json bench/results/gpus.json
 	$(PY) bench/quotas.py $(if $(QUICK),--quick,) --json bench/results/quotas.json
+	$(PY) bench/outlook.py $(if $(QUICK),--quick,) --json bench/results/outlook.json
 	$(PY) bench/scheduler.py $(if $(QUICK),--quick,) --json bench/results/scheduler.json
 	$(PY) bench/fairness.py $(if $(QUICK),--quick,) --json bench/results/fairness.json $(if $(PROFILE),--profile bench/results/profile,)
 
