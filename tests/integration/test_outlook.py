@@ -228,6 +228,25 @@ def test_the_operator_keeps_the_validating_configurations_ca_bundle(
 STRICT = {OUTLOOK_MODE: "strict"}
 
 
+def label_strict(core: client.CoreV1Api, kubectl: Kubectl, namespace: str, node: str) -> None:
+    """Label the namespace strict, and wait until the operator has seen the label."""
+    core.patch_namespace(namespace, {"metadata": {"labels": STRICT}})
+
+    def refused() -> None:
+        result = kubectl(
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            "--dry-run=server",
+            input=reservation_yaml("probe", node, 1_000_000),
+        )
+        assert result.returncode != 0, result.stderr
+
+    eventually(refused, timeout=15, retry_on=(AssertionError,))
+
+
 def strict_config(gate: Gate) -> dict[str, Any]:
     config = gate.config()
     config["webhook"]["provisionalHold"] = "3s"
@@ -247,17 +266,20 @@ def test_strict_mode_refuses_at_create_what_the_ledger_would_reject(
     make_node(node, memory="11Gi")  # 10240 MiB allocatable
     run_operator(strict_config(outlook))
     wait_for_outlooks(kubectl, namespace, node)
-    core.patch_namespace(namespace, {"metadata": {"labels": STRICT}})
+    # The annotation alone: refused at create (it holds nothing when admitted).
+    annotated = rsv.reservation("annotated", node, 20_000)
+    annotated["metadata"]["annotations"] = STRICT
+    result = kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(annotated))
+    assert result.returncode != 0, result.stderr
+    assert "denied the request" in result.stderr, result.stderr
+    assert "InsufficientRAM" in result.stderr, result.stderr
 
-    def refused() -> None:
-        result = kubectl(
-            "apply", "-n", namespace, "-f", "-", input=reservation_yaml("huge", node, 20_000)
-        )
-        assert result.returncode != 0, result.stderr
-        assert "denied the request" in result.stderr, result.stderr
-        assert "InsufficientRAM" in result.stderr, result.stderr
-
-    eventually(refused, timeout=15, retry_on=(AssertionError,))  # the label is seen
+    label_strict(core, kubectl, namespace, node)
+    result = kubectl(
+        "apply", "-n", namespace, "-f", "-", input=reservation_yaml("huge", node, 20_000)
+    )
+    assert result.returncode != 0, result.stderr
+    assert "InsufficientRAM" in result.stderr, result.stderr
     assert rsv.list_all(custom, namespace) == []
 
     # A dry run is refused the same way, and holds nothing.
@@ -286,6 +308,7 @@ def test_strict_concurrent_creates_are_never_told_admitted_past_the_room(
     outlook: Gate,
     run_operator: Callable[..., OperatorProcess],
     make_node: Callable[..., Any],
+    core: client.CoreV1Api,
     custom: client.CustomObjectsApi,
     kubectl: Kubectl,
     namespace: str,
@@ -297,10 +320,10 @@ def test_strict_concurrent_creates_are_never_told_admitted_past_the_room(
     make_node(node, memory="11Gi")  # 10240 MiB: 10 × 1000 MiB
     run_operator(strict_config(outlook))
     wait_for_outlooks(kubectl, namespace, node)
+    label_strict(core, kubectl, namespace, node)
 
     def create(index: int) -> str:
         body = rsv.reservation(f"r-{index:02d}", node, 1000)
-        body["metadata"]["annotations"] = STRICT
         try:
             custom.create_namespaced_custom_object(
                 "headroom.dev", "v1alpha1", namespace, "reservations", body
@@ -324,6 +347,7 @@ def test_a_create_that_fails_after_being_allowed_gives_its_hold_back(
     outlook: Gate,
     run_operator: Callable[..., OperatorProcess],
     make_node: Callable[..., Any],
+    core: client.CoreV1Api,
     custom: client.CustomObjectsApi,
     kubectl: Kubectl,
     namespace: str,
@@ -338,9 +362,10 @@ def test_a_create_that_fails_after_being_allowed_gives_its_hold_back(
     rsv.create(custom, namespace, "taken", node, 20_000)
     assert rsv.wait_for(custom, namespace, "taken")["status"]["phase"] == "Rejected"
 
+    label_strict(core, kubectl, namespace, node)
+
     def strict(name: str, ram_mb: int) -> None:
         body = rsv.reservation(name, node, ram_mb)
-        body["metadata"]["annotations"] = STRICT
         custom.create_namespaced_custom_object(
             "headroom.dev", "v1alpha1", namespace, "reservations", body
         )

@@ -184,6 +184,9 @@ def test_under_strict_mode_the_library_and_the_cli_are_refused_at_create(
         assert "20000" in error.value.message
 
     eventually(refused, timeout=15)  # once the namespace's label is seen
+    # A dry run is refused too, and what_if still reads the outlook from the refusal.
+    said = what_if(node, ram_mb=20_000, connection=connection)
+    assert (said.verdict, said.outlook.reason) == (Verdict.REJECTED, "InsufficientRAM"), said
     result = cli("reserve", "--node", node, "--ram", "20000")
     assert result.returncode == 1, result.stderr
     assert "refused at create" in result.stderr

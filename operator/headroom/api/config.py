@@ -289,12 +289,13 @@ class WebhookConfig(BaseModel):
         ),
     )
     provisional_hold: Duration = Field(
-        timedelta(seconds=30),
+        timedelta(seconds=5),
         alias="provisionalHold",
         description=(
-            "Under strict mode (headroom.dev/outlook: strict) a create told 'would be "
-            "admitted' holds its room until its Reservation is decided, or this long if it "
-            "is never seen (its create failed after the webhook allowed it)."
+            "In a namespace labelled headroom.dev/outlook=strict, a create told 'would be "
+            "admitted' holds its room until its Reservation is decided; if no Reservation "
+            "of its uid is seen within this (its create failed after the webhook allowed "
+            "it, or the review was not the API server's), the room is given back."
         ),
     )
     outlook_timeout: OutlookTimeout = Field(

@@ -62,16 +62,23 @@ def dry_run_create(conn: Connection, body: JSON) -> tuple[JSON, list[str]]:
     keeps one value per header name, and admission warnings may come as several
     ``Warning`` lines; the raw header dict keeps them all.
     """
-    answer: Any = conn.custom.create_namespaced_custom_object_with_http_info(
-        GROUP,
-        VERSION,
-        conn.namespace,
-        RESERVATIONS,
-        body,
-        dry_run="All",
-        _return_http_data_only=False,
-        _request_timeout=REQUEST_TIMEOUT,
-    )
+    try:
+        answer: Any = conn.custom.create_namespaced_custom_object_with_http_info(
+            GROUP,
+            VERSION,
+            conn.namespace,
+            RESERVATIONS,
+            body,
+            dry_run="All",
+            _return_http_data_only=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+    except client.ApiException as error:
+        if refused_at_create(error) is None:
+            raise
+        # Strict mode refuses a dry run as it would the create: the answer is still the
+        # outlook, carried by the refusal's warnings.
+        return {}, header_values(error.headers or {}, "Warning")
     data, _, headers = answer
     return cast(JSON, data), header_values(headers, "Warning")
 

@@ -155,9 +155,14 @@ class Admission:
         )
         return len(self._queue) + unwritten
 
-    def undecided_on(self, node: str) -> int:
-        """How many reservations on ``node`` wait here for their first decision."""
-        return sum(1 for pending in self._queue.values() if spec_targets(pending.obj)[0] == node)
+    def undecided_on(self, node: str, unless: Callable[[str], bool] = lambda uid: False) -> int:
+        """How many reservations on ``node`` wait here for their first decision (but those
+        whose uid ``unless`` names)."""
+        return sum(
+            1
+            for pending in self._queue.values()
+            if spec_targets(pending.obj)[0] == node and not unless(pending.uid)
+        )
 
     def submit(self, obj: JSON) -> None:
         """Queue an undecided reservation (idempotent: a uid is queued once)."""

@@ -156,7 +156,7 @@ class Controller:
         self.room_waiters = RoomWaiters(transport, clock, fits=self._filtered, may_act=may_act)
         self.holds = ProvisionalHolds(
             state, lifetime=config.webhook.provisional_hold.total_seconds(),
-            room_freed=signals.wake_admission,
+            room_freed=signals.wake_admission, seen=lambda uid: uid in self.admission,
         )
         self.admission = Admission(
             state, self.writer, self.lookups, clock, run_id=run_id,

@@ -7,12 +7,17 @@ in ``status`` stays the truth, and the outlook is what that decision would be if
 nothing else happened first. What can happen first is said beside it: reservations
 seen earlier on the node, not decided yet, are decided before this one.
 
-Strict mode (``headroom.dev/outlook: strict``, an annotation on the Reservation or a
-label on its Namespace) makes the answer binding: a create the ledger would reject
-now is refused, with the reason and numbers, and never exists; one it would admit
-takes its room at once (:mod:`headroom.control.provisional`), so two concurrent
-creates are never both told "admitted" for the same last room. A dry run is
-answered the same way and holds nothing.
+Strict mode makes the answer binding. With ``headroom.dev/outlook: strict`` on the
+Reservation (an annotation) or on its Namespace (a label), a create the ledger would
+reject now is refused, with the reason and numbers, and never exists. In a Namespace
+so labelled, one it would admit also takes its room at once
+(:mod:`headroom.control.provisional`), so two concurrent creates are never both told
+"admitted" for the same last room. Holds follow the label alone, which the operator
+reads from the Namespace itself: the annotation is in the review, and a review can
+be forged by whoever reaches the webhook's port. No hold is taken while reservations
+seen earlier on the node, holding nothing, wait for their decision (they go first,
+in creation order), nor for a name the ledger still holds (a delete and create again
+whose deletion is not seen yet: decided once it is). A dry run holds nothing.
 
 Only a leader with its ledger rebuilt has an outlook to give; any other replica
 says it has none (the serving layer forwards the review to the leader first). With
@@ -80,31 +85,33 @@ class ReservationOutlook:
         """The answer to creating ``obj``: its outlook (then any caveat) as warnings; under
         strict mode a refusal, or the room held for it (not for a dry run)."""
         entry, found = self._foresee(obj)
-        strict = self._strict_mode(obj)
-        if strict and found.verdict is Verdict.REJECTED:
+        metadata = obj.get("metadata") or {}
+        labelled = self._namespace_strict(str(metadata.get("namespace") or ""))
+        if (labelled or _annotated_strict(metadata)) and found.verdict is Verdict.REJECTED:
             return OutlookAnswer(
                 [found.warning()],
                 f"{found.reason}: {found.detail} (refused at create: {OUTLOOK_MODE} is {STRICT})",
             )
-        uid = (obj.get("metadata") or {}).get("uid")
-        held = (
-            strict
+        said = [found.warning()]
+        if found.verdict is Verdict.UNKNOWN or found.node is None:
+            return OutlookAnswer(said)
+        earlier = self._admission.undecided_on(found.node, unless=self._holds.__contains__)
+        uid = metadata.get("uid")
+        if (
+            labelled
             and not dry_run
+            and not earlier
             and found.verdict is Verdict.ADMITTED
             and entry is not None
             and isinstance(uid, str)
             and self._holds.take(uid, entry, self._clock.now())
-        )
-        said = [found.warning()]
-        if held:
+        ):
             said.append(f"its room is held for it until it is decided ({OUTLOOK_MODE}: {STRICT})")
-        elif found.verdict is not Verdict.UNKNOWN and found.node is not None:
-            earlier = self._admission.undecided_on(found.node)
-            if earlier:
-                said.append(
-                    f"{CAVEAT}{earlier} reservation(s) on {found.node} seen earlier are not "
-                    "decided yet and go first"
-                )
+        elif earlier:
+            said.append(
+                f"{CAVEAT}{earlier} reservation(s) on {found.node} seen earlier are not "
+                "decided yet and go first"
+            )
         return OutlookAnswer(said)
 
     def pod_answer(self, pod: JSON) -> OutlookAnswer:
@@ -133,14 +140,6 @@ class ReservationOutlook:
         found = outlook(self._state.ledger, probe, now, probe.wait_until, strict=self._strict_fifo)
         return OutlookAnswer([found.warning()])
 
-    def warnings(self, obj: JSON) -> list[str]:
-        """The warnings alone (no strict mode, no hold): what a dry run would be told."""
-        return self.answer(obj, dry_run=True).warnings
-
-    def outlook(self, obj: JSON) -> Outlook:
-        """What deciding ``obj`` now would give (no hold, no wait, no counter)."""
-        return self._foresee(obj)[1]
-
     def _foresee(self, obj: JSON) -> tuple[Entry | None, Outlook]:
         if not self._deciding():
             return None, Outlook(Verdict.UNKNOWN, NOT_DECIDING)
@@ -158,12 +157,18 @@ class ReservationOutlook:
                 f"once the pod is read (rejected if it does not exist in {namespace})",
             )
         ledger = self._state.ledger
+        if ledger.get(entry.id) is not None:
+            return None, Outlook(
+                Verdict.UNKNOWN,
+                f"a reservation named {entry.id} is still held (deleted, its deletion not "
+                "seen yet?); this one is decided once it is gone",
+            )
         return entry, outlook(ledger, entry, now, entry.wait_until, strict=self._strict_fifo)
 
-    def _strict_mode(self, obj: JSON) -> bool:
-        metadata = obj.get("metadata") or {}
-        annotations = metadata.get("annotations") or {}
-        if isinstance(annotations, dict) and annotations.get(OUTLOOK_MODE) == STRICT:
-            return True
-        namespace = metadata.get("namespace") or ""
+    def _namespace_strict(self, namespace: str) -> bool:
         return self._state.ledger.quotas.labels_of(namespace).get(OUTLOOK_MODE) == STRICT
+
+
+def _annotated_strict(metadata: JSON) -> bool:
+    annotations = metadata.get("annotations") or {}
+    return isinstance(annotations, dict) and annotations.get(OUTLOOK_MODE) == STRICT

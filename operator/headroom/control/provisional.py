@@ -9,13 +9,17 @@ is an ordinary ledger entry under a name no Reservation can have
 the reservation it stands for, never goes stale, and is not a record, so nothing
 reclaims or publishes it as a reservation.
 
-It ends in one of two ways, whichever comes first:
+It ends in one of two ways:
 
 - the Reservation with that uid comes to be decided: the decider gives the room
-  back and decides it at once, in the same synchronous step, so it finds its room;
-- ``lifetime`` passes (the create failed after the webhook allowed it, e.g.
-  AlreadyExists with a uid never stored, or the operator never saw it): the room is
-  given back and waiters may take it.
+  back and decides it at once, in the same synchronous step, so it finds its room.
+  While it waits to be decided (a backlog, a lookup) the hold stays;
+- ``lifetime`` passes and no Reservation with that uid was seen: the create failed
+  after the webhook allowed it (AlreadyExists, with a uid never stored), or the review
+  never came from the API server at all. The room is given back and waiters may take
+  it. The API server stores an allowed create at once, so the lifetime is short
+  (seconds): a review forged by a caller that can reach the webhook's port holds room
+  no longer than that. Only namespaces an administrator labelled strict hold at all.
 
 Holds live in the leader's memory only: a new leader has none, and decides the
 creates it sees as usual (the promise is kept unless the room went meanwhile).
@@ -51,11 +55,13 @@ class ProvisionalHolds:
         *,
         lifetime: float,
         room_freed: Callable[[], None],
+        seen: Callable[[str], bool] = lambda uid: False,
     ) -> None:
         """``room_freed()``: told when a hold is given back (the node is marked: what
-        waits there is tried again)."""
+        waits there is tried again). ``seen(uid)``: whether the Reservation of that uid
+        waits to be decided (its hold then outlives ``lifetime``)."""
         self._state, self._lifetime = state, lifetime
-        self._room_freed = room_freed
+        self._room_freed, self._seen = room_freed, seen
         self._holds: dict[str, Hold] = {}
 
     def __len__(self) -> int:
@@ -89,12 +95,17 @@ class ProvisionalHolds:
         hold = self._holds.pop(uid, None)
         if hold is None:
             return False
-        self._state.ledger.release(hold.entry_id)
+        if self._state.ledger.get(hold.entry_id) is not None:  # the sweep may have gone first
+            self._state.ledger.release(hold.entry_id)
         self._state.mark_room(hold.node)
         self._room_freed()
         return True
 
     def _expire(self, uid: str, hold: Hold) -> None:
-        if self._holds.get(uid) is hold:  # not given back (and not taken again) since
-            log.info("provisional hold of create %s ran out: no reservation seen", uid)
-            self.give_back(uid)
+        if self._holds.get(uid) is not hold:  # given back (or taken again) since
+            return
+        if self._seen(uid):  # stored and waiting for its decision: it keeps its room
+            asyncio.get_running_loop().call_later(self._lifetime, self._expire, uid, hold)
+            return
+        log.info("provisional hold of create %s ran out: no reservation seen", uid)
+        self.give_back(uid)

@@ -91,9 +91,13 @@ class LeaderElector:
         observed = self._observed
         if observed is None or self.is_leader:
             return None
-        holder = (observed.get("spec") or {}).get("holderIdentity")
+        spec = observed.get("spec") or {}
+        holder = spec.get("holderIdentity")
         if not holder or holder == self._settings.identity:
             return None
+        held_for = float(spec.get("leaseDurationSeconds") or 0)
+        if self._clock.monotonic() - self._observed_at > held_for:
+            return None  # not renewed for a whole lease: its holder is gone or stuck
         value = ((observed.get("metadata") or {}).get("annotations") or {}).get(key)
         return value if isinstance(value, str) else None
 

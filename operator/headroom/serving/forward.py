@@ -82,7 +82,9 @@ class ReviewForwarder:
                         "the leader at %s answered %d to a forwarded review", url, response.status
                     )
                     return None
-                text = await response.content.read(_MAX_ANSWER)
+                if (response.content_length or 0) > _MAX_ANSWER:
+                    return None
+                text = await response.read()
             answer = json.loads(text)
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             log.info("a review forwarded to the leader at %s got no answer: %s", url, error)

@@ -37,7 +37,8 @@ from typing import Any
 
 from aiohttp import web
 
-from headroom.control.outlook import OutlookAnswer
+from headroom.api.outlook import Outlook, Verdict
+from headroom.control.outlook import NOT_DECIDING, OutlookAnswer
 from headroom.objects.gating import ReviewError, review_response
 from headroom.objects.outlookreview import (
     MAX_WARNING,
@@ -171,7 +172,7 @@ class WebhookServer:
             response = web.Response(status=400, text=f"not an AdmissionReview: {error}"[:1000])
         else:
             uid, reservation = review.uid, review.reservation
-            answer = None
+            answer: dict[str, Any] | None = allowed_with(uid, [])
             if reservation is not None:
                 answer = await self._from_leader(request, uid, body)
             if answer is None and reservation is not None:
@@ -181,8 +182,7 @@ class WebhookServer:
                     if said.refusal is None
                     else refused_with(uid, said.refusal, said.warnings)
                 )
-            if answer is None:
-                answer = allowed_with(uid, [])
+            assert answer is not None
             self._on_review(result_of(answer), time.perf_counter() - started)
             response = web.json_response(answer)
         if self.draining:
@@ -198,9 +198,12 @@ class WebhookServer:
         assert self._pod_outlook is not None
         response = answer["response"]
         forwarded = await self._from_leader(request, response["uid"], body, PATH)
-        if forwarded is not None and result_of(forwarded) == "patched":
-            return forwarded
-        said = await self._pod_outlook(review["request"]["object"], dry_run=False)
+        if forwarded is not None:
+            if result_of(forwarded) == "patched":
+                return forwarded
+            said = OutlookAnswer(forwarded["response"].get("warnings") or [])
+        else:
+            said = await self._pod_outlook(review["request"]["object"], dry_run=False)
         if said.warnings:
             response["warnings"] = [text[:MAX_WARNING] for text in said.warnings]
         return answer
@@ -209,7 +212,9 @@ class WebhookServer:
         self, request: web.Request, uid: str, body: bytes, path: str = OUTLOOK_PATH
     ) -> dict[str, Any] | None:
         """The leader's answer to this review, when this replica does not lead and the
-        review was not forwarded already; None: answer it here."""
+        review was not forwarded already; None: answer it here. A leader that gives no
+        answer in time leaves an allowing one with no outlook: the forward had the whole
+        budget, and this replica has no outlook of its own to give."""
         if self._forwarder is None or FORWARDED_HEADER in request.headers:
             return None
         url = self._forwarder.target()
@@ -217,8 +222,9 @@ class WebhookServer:
             return None
         answer = await self._forwarder.forward(url, path, body)
         response = (answer or {}).get("response")
-        if not isinstance(response, dict) or response.get("uid") != uid:
-            return None
+        if answer is None or not isinstance(response, dict) or response.get("uid") != uid:
+            detail = f"the leader ({url}) gave no answer in time; {NOT_DECIDING}"
+            return allowed_with(uid, [Outlook(Verdict.UNKNOWN, detail).warning()])
         return answer
 
 
