@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any, cast
 
+from headroom.api.constants import OUTLOOK_MODE, STRICT
 from headroom.api.limits import Limits
+from headroom.api.outlook import CAVEAT, Verdict, parse_warning
+from headroom.control.admission import Admission
+from headroom.control.outlook import ReservationOutlook
 from headroom.control.provisional import ProvisionalHolds
 from headroom.control.state import State
 from headroom.ledger import Entry
@@ -62,5 +68,101 @@ def test_a_hold_never_goes_stale_nor_expires_in_the_ledger() -> None:
         assert holds.take("uid-1", claim, NOW)
         far = datetime(2027, 12, 7, tzinfo=UTC)
         assert state.ledger.due(far) == [], "only its lifetime or its decision ends it"
+
+    asyncio.run(scenario())
+
+
+# -- who holds: the answer at create ------------------------------------------------------
+
+
+class Undecided:
+    """The decider's queue, as the outlook asks it: ``waiting[node]`` uids undecided."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, list[str]] = {}
+
+    def undecided_on(self, node: str, unless: Callable[[str], bool] = lambda uid: False) -> int:
+        return sum(1 for uid in self.waiting.get(node, []) if not unless(uid))
+
+
+class Clock:
+    def now(self) -> datetime:
+        return NOW
+
+    def monotonic(self) -> float:
+        return 0.0
+
+
+def _outlook(strict_label: bool) -> tuple[ReservationOutlook, State, ProvisionalHolds, Undecided]:
+    state = _state()
+    state.ledger.set_namespace("team", {OUTLOOK_MODE: STRICT} if strict_label else {})
+    holds = ProvisionalHolds(state, lifetime=60, room_freed=lambda: None)
+    queue = Undecided()
+    answerer = ReservationOutlook(
+        state, cast(Admission, queue), Clock(), deciding=lambda: True, holds=holds
+    )
+    return answerer, state, holds, queue
+
+
+def _reservation(name: str, ram_mb: int, *, annotated: bool = False) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": "team",
+        "uid": f"uid-{name}",
+        "creationTimestamp": "2026-12-07T00:00:00Z",
+    }
+    if annotated:
+        metadata["annotations"] = {OUTLOOK_MODE: STRICT}
+    return {"metadata": metadata, "spec": {"node": "n", "ramMB": ram_mb}}
+
+
+def test_the_annotation_refuses_at_create_but_only_the_namespaces_label_holds() -> None:
+    async def scenario() -> None:
+        answerer, _, holds, _ = _outlook(strict_label=False)
+        refused = answerer.answer(_reservation("huge", 20_000, annotated=True))
+        assert refused.refusal is not None
+        assert refused.refusal.startswith("InsufficientRAM: ")
+        fits = answerer.answer(_reservation("fits", 6_000, annotated=True))
+        assert fits.refusal is None
+        assert len(holds) == 0, "an annotation (in the review, forgeable) holds nothing"
+
+        answerer, _, holds, _ = _outlook(strict_label=True)
+        assert answerer.answer(_reservation("dry", 6_000), dry_run=True).refusal is None
+        assert len(holds) == 0, "a dry run holds nothing"
+        held = answerer.answer(_reservation("fits", 6_000))
+        assert "uid-fits" in holds
+        assert any("held for it" in text for text in held.warnings)
+        again = answerer.answer(_reservation("second", 6_000))
+        assert again.refusal is not None, "the held room is not promised twice"
+
+    asyncio.run(scenario())
+
+
+def test_no_hold_ahead_of_an_earlier_reservation_still_undecided_on_the_node() -> None:
+    async def scenario() -> None:
+        answerer, _, holds, queue = _outlook(strict_label=True)
+        queue.waiting["n"] = ["uid-earlier"]
+        said = answerer.answer(_reservation("later", 6_000))
+        assert said.refusal is None
+        assert len(holds) == 0
+        assert any(text.startswith(CAVEAT) for text in said.warnings), said.warnings
+        queue.waiting["n"] = ["uid-held"]  # one that holds already is counted in the ledger
+        assert holds.take("uid-held", _claim("held", 1_000), NOW)
+        answerer.answer(_reservation("next", 1_000))
+        assert "uid-next" in holds
+
+    asyncio.run(scenario())
+
+
+def test_a_name_the_ledger_still_holds_gets_no_outlook_and_is_not_refused() -> None:
+    async def scenario() -> None:
+        answerer, state, holds, _ = _outlook(strict_label=True)
+        assert state.ledger.reserve(_claim("again", 9_000), NOW).admitted
+        said = answerer.answer(_reservation("again", 9_000))
+        assert said.refusal is None
+        read = parse_warning(said.warnings[0])
+        assert read is not None
+        assert read.verdict is Verdict.UNKNOWN
+        assert len(holds) == 0
 
     asyncio.run(scenario())
