@@ -72,6 +72,11 @@ class ReservationOutlook:
     def answer(self, obj: JSON, *, dry_run: bool = False) -> OutlookAnswer:
         """The answer to creating ``obj``: its outlook (then any caveat) as warnings; under
         strict mode a refusal, or the room held for it (not for a dry run)."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not dry_run and isinstance(uid, str) and uid in self._holds:
+            # The same create reviewed again (the API server retried its call): answered as
+            # the first time, from the ledger without the room held for it, then held again.
+            self._holds.give_back(uid)
         entry, found = self._foresee(obj)
         strict = self._strict_mode(obj)
         if strict and found.verdict is Verdict.REJECTED:
@@ -79,7 +84,6 @@ class ReservationOutlook:
                 [found.warning()],
                 f"{found.reason}: {found.detail} (refused at create: {OUTLOOK_MODE} is {STRICT})",
             )
-        uid = (obj.get("metadata") or {}).get("uid")
         held = (
             strict
             and not dry_run
