@@ -1,11 +1,14 @@
 """Strict mode's answer at create is kept (issue 32), replayed on the fake API server.
 
-Found by the simulation's webhook reviews (``headroom_dev.sim.reviews``):
+Both found by the simulation's webhook reviews (``headroom_dev.sim.reviews``):
 
 - an API server that calls the webhook again for the same create (a retry: the same
   uid) was told "rejected" the second time, refused at create, because the room the
   first answer held for that very uid counted against it (seeds 163, 246, 491: the
-  last room; 81, 350, 382: "would wait" with a wait).
+  last room; 81, 350, 382: "would wait" with a wait);
+- under StrictFIFO a reservation created just before, not seen yet when the answer
+  was given, was decided first: the hold had taken its room, so it waited; then the
+  strict create, told "would be admitted", was refused WaitersAhead behind it (seed 69).
 """
 
 from __future__ import annotations
@@ -66,3 +69,25 @@ def test_a_review_of_the_same_create_again_is_told_the_same() -> None:
 
     run_virtual(scenario(), max_virtual_seconds=600)
 
+
+def test_under_strict_fifo_one_created_just_before_does_not_undo_the_promise() -> None:
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        config = OperatorConfig.model_validate({"queueing": {"strategy": "StrictFIFO"}})
+        controller = await _leader(server, config)
+        free = controller.state.ledger.allocatable_ram("n1")
+        server.create_reservation(NS, "a", "n1", free, wait="60s")  # not seen yet:
+        answers: list[OutlookAnswer] = []
+        server.create_reservation(
+            NS, "b", "n1", free, annotations=STRICT_MODE,
+            review=lambda obj: answers.append(controller.outlook.answer(obj)),
+        )  # fmt: skip
+        [answer] = answers
+        assert _verdict(answer) is Verdict.ADMITTED
+        assert answer.refusal is None
+        await asyncio.sleep(2)
+        assert _phase(server, "b") == "Admitted"  # as it was told
+        assert _phase(server, "a") == "Queued"  # its room was promised first
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
