@@ -65,6 +65,7 @@ class Answered:
     refused: bool
     held: bool  # the answering replica holds room for this uid after the answer
     held_before: bool = False  # ... and before it (the same create reviewed again)
+    limit: int | None = None  # its node's limit then
 
 
 @dataclass
@@ -79,6 +80,7 @@ class ReviewChecker:
     _stored: set[str] = field(default_factory=set)
     _first: set[str] = field(default_factory=set)  # uids whose first decision was seen
     _expired: set[tuple[str, str]] = field(default_factory=set)  # (run, uid): ran out
+    _quota_changed_at: float = -1.0
 
     def __post_init__(self) -> None:
         self.checker.provisional = self.provisional
@@ -111,7 +113,6 @@ class ReviewChecker:
             self.fail(f"review {uid}: a dry run holds room in {run}'s ledger")
         if said.refused and not said.strict:
             self.fail(f"review {uid}: refused at create, but not in strict mode")
-        earlier = self._promised.get(uid)
         if said.held_before:
             self.counts["review-duplicate-held"] += 1  # answered again while its room is held
             if said.refused or said.verdict is not Verdict.ADMITTED:
@@ -124,16 +125,21 @@ class ReviewChecker:
             self.counts["hold-taken" if (run, uid) not in self._taken else "hold-taken-again"] += 1
             self._taken[(run, uid)] = said.at  # its lifetime runs from its last answer
             self._within_limits(said)
-        if said.dry_run:
+
+    def concluded(self, uid: str, last: Answered | None, dry_run: bool) -> None:
+        """The answer the API server follows (a review's last; None: no outlook)."""
+        if dry_run:
             return
-        if said.refused:
+        earlier = self._promised.pop(uid, None)
+        if last is None or not last.refused:
+            self._refused.discard(uid)
+        if last is None:
+            return
+        if last.refused:
             self._refused.add(uid)
-            self._promised.pop(uid, None)
-        elif said.strict and said.verdict is Verdict.ADMITTED:
-            if earlier is None or earlier.run_id != run:
-                self._promised[uid] = said
-        else:
-            self._promised.pop(uid, None)  # the last answer is what the API server follows
+        elif last.strict and last.verdict is Verdict.ADMITTED:
+            same = earlier is not None and earlier.run_id == last.run_id
+            self._promised[uid] = earlier if same and earlier is not None else last
 
     def gave_back(self, run_id: str, uid: str, given: bool) -> None:
         """``ProvisionalHolds.give_back`` of replica ``run_id`` was called for ``uid``."""
@@ -181,8 +187,11 @@ class ReviewChecker:
     # -- every change ----------------------------------------------------------------------
 
     def on_change(self, event_type: str, obj: JSON) -> None:
-        if obj.get("kind") == "Reservation" and event_type != "DELETED":
+        kind = obj.get("kind")
+        if kind == "Reservation" and event_type != "DELETED":
             self._on_reservation(event_type, obj)
+        elif kind == "HeadroomQuota":
+            self._quota_changed_at = self.checker.now()
         self.holds_in_time()
 
     def _on_reservation(self, event_type: str, obj: JSON) -> None:
@@ -214,6 +223,16 @@ class ReviewChecker:
             return
         if phase == "Admitted":
             self.counts["strict-kept"] += 1
+            return
+        # The room went meanwhile, not to another reservation: the node was deleted or
+        # shrank, or a quota changed, after the answer (counted, and said in the report).
+        history = self.checker._limits.get(promise.node) or []
+        since = [limit for at, limit in history if at > promise.at]
+        if any(limit is None or promise.limit is None or limit < promise.limit for limit in since):
+            self.counts["strict-exception-node-changed"] += 1
+            return
+        if self._quota_changed_at > promise.at:
+            self.counts["strict-exception-quota-changed"] += 1
             return
         self.fail(
             f"{key}: strict create told 'would be admitted' by {promise.run_id} at "

@@ -102,8 +102,10 @@ class Reviews:
 
         def review(obj: JSON) -> None:
             answer: OutlookAnswer | None = None
+            said: Answered | None = None
             for _ in range(times):
-                answer = self._answer(obj, dry_run)
+                answer, said = self._answer(obj, dry_run)
+            self.checker.concluded(obj["metadata"]["uid"], said, dry_run)
             self.count("review-dry-run" if dry_run else "review-create")
             if times > 1:
                 self.count("review-duplicate")
@@ -120,17 +122,18 @@ class Reviews:
 
         return review
 
-    def _answer(self, obj: JSON, dry_run: bool) -> OutlookAnswer | None:
+    def _answer(self, obj: JSON, dry_run: bool) -> tuple[OutlookAnswer | None, Answered | None]:
         """The answer of the replica the review reaches (or of the leader it forwards
-        to); None: no outlook (no replica reached, or none decides)."""
+        to), and what the checker is told of it; None: no outlook (no replica reached,
+        or none decides)."""
         living = [r for r in self.replicas() if r.alive]
         if not living:
             self.count("review-no-replica")
-            return None
+            return None, None
         reached = self.rng.choice(living)
         if reached.paused:
             self.count("review-unreachable")
-            return None
+            return None, None
         uid = obj["metadata"]["uid"]
         answering = reached
         if not reached.deciding:
@@ -140,28 +143,27 @@ class Reviews:
             leaders = [r for r in living if r is not reached and r.deciding]
             if not leaders:
                 self.count("review-no-outlook")
-                return None
+                return None, None
             answering = leaders[0]
             self.count("review-forwarded")
         held_before = uid in answering.controller.holds
         answer = answering.controller.outlook.answer(obj, dry_run=dry_run)
-        self.checker.answered(
-            Answered(
-                uid=uid,
-                key=(obj["metadata"]["namespace"], obj["metadata"]["name"]),
-                node=str(obj["spec"]["node"]),
-                at=self.now(),
-                run_id=answering.run_id,
-                strict=self._strict(obj),
-                dry_run=dry_run,
-                verdict=verdict_of(answer),
-                refused=answer.refusal is not None,
-                held=uid in answering.controller.holds,
-                held_before=held_before,
-            ),
-            answering.name,
+        said = Answered(
+            uid=uid,
+            key=(obj["metadata"]["namespace"], obj["metadata"]["name"]),
+            node=str(obj["spec"]["node"]),
+            at=self.now(),
+            run_id=answering.run_id,
+            strict=self._strict(obj),
+            dry_run=dry_run,
+            verdict=verdict_of(answer),
+            refused=answer.refusal is not None,
+            held=uid in answering.controller.holds,
+            held_before=held_before,
+            limit=self.checker.checker.limit_now(str(obj["spec"]["node"])),
         )
-        return answer
+        self.checker.answered(said, answering.name)
+        return answer, said
 
     def _strict(self, obj: JSON) -> bool:
         """Strict mode, as the API server's objects say (not as the operator sees them)."""
