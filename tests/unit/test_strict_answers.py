@@ -1,6 +1,7 @@
 """Strict mode's answer at create is kept (issue 32), replayed on the fake API server.
 
-Both found by the simulation's webhook reviews (``headroom_dev.sim.reviews``):
+Both found by the simulation's webhook reviews (``headroom_dev.sim.reviews``; the seeds
+are those of its first draft, before the noisy tenant's creates were reviewed too):
 
 - an API server that calls the webhook again for the same create (a retry: the same
   uid) was told "rejected" the second time, refused at create, because the room the

@@ -12,14 +12,17 @@ reclaims or publishes it as a reservation.
 It ends in one of two ways, whichever comes first:
 
 - the Reservation with that uid comes to be decided: the decider gives the room
-  back and decides it at once, in the same synchronous step, so it finds its room;
+  back and decides it at once, in the same synchronous step, so it finds its room
+  (under StrictFIFO, not behind those that began waiting since: its room was taken
+  first, and some wait because of it);
 - ``lifetime`` passes (the create failed after the webhook allowed it, e.g.
   AlreadyExists with a uid never stored, or the operator never saw it): the room is
   given back and waiters may take it.
 
 Holds live in the leader's memory only: a new leader has none, and decides the
 creates it sees as usual (the promise is kept unless the room went meanwhile).
-A dry run never holds.
+A dry run never holds. The same create reviewed again (an API server retrying the
+webhook call: the same uid) is answered as the first time, and held again.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ and so is every provisional hold given back (:meth:`ReviewChecker.gave_back`). C
 - **strict answers and statuses agree**: a strict create told "would be admitted" by
   a leader L and stored is first decided Admitted, unless the leadership changed
   between the answer and that decision (another replica decided it: holds are in
-  L's memory only) or L's hold ran out (``webhook.provisionalHold``) before it; both
-  exceptions are counted (``strict-exception-*``), never skipped silently. A create
+  L's memory only) or L's hold ran out (``webhook.provisionalHold``) before it, or the
+  room went otherwise: its node was deleted or shrank, or a quota changed, since the
+  answer; each exception is counted (``strict-exception-*``), never skipped silently. A create
   refused at create is never stored. A review of a uid that L already holds room for
   (a duplicate, as an API server retry) is told the same: admitted, not refused;
 - **no hold outlives its lifetime**: every hold in a live replica's ledger (an entry
