@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from headroom.api.limits import Limits
+from headroom.api.selectors import LabelSelector
 from headroom.control.provisional import ProvisionalHolds
 from headroom.control.state import State
 from headroom.ledger import Entry
+from headroom.ledger.quotas import QuotaRules
 
 NOW = datetime(2026, 12, 7, tzinfo=UTC)
 
@@ -62,5 +64,31 @@ def test_a_hold_never_goes_stale_nor_expires_in_the_ledger() -> None:
         assert holds.take("uid-1", claim, NOW)
         far = datetime(2027, 12, 7, tzinfo=UTC)
         assert state.ledger.due(far) == [], "only its lifetime or its decision ends it"
+
+    asyncio.run(scenario())
+
+
+def test_a_hold_is_given_no_expiry_by_its_namespaces_quota() -> None:
+    """Found by the simulation's webhook reviews (seeds 4756, 6818, 7703): the quota's
+    default lifetime gave the hold an expiry; the sweep released it then as an entry
+    without a record (logged as an error), ahead of its lifetime, and giving it back
+    later raised UnknownEntryError (in the expiry timer, or in the decision step)."""
+
+    async def scenario() -> None:
+        state = _state()
+        state.ledger.set_namespace("team", {"team": "t"})
+        state.ledger.set_quota(
+            QuotaRules(
+                "q",
+                LabelSelector(match_labels={"team": "t"}),
+                ram_mb=20_000,
+                default_lifetime=timedelta(seconds=5),
+            )
+        )
+        holds = ProvisionalHolds(state, lifetime=60, room_freed=lambda: None)
+        assert holds.take("uid-1", _claim("a", 6_000), NOW)
+        assert state.ledger.due(NOW + timedelta(seconds=30)) == []
+        assert holds.give_back("uid-1")
+        assert state.ledger.allocatable_ram("n") == 10_000
 
     asyncio.run(scenario())

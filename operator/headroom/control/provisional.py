@@ -83,6 +83,9 @@ class ProvisionalHolds:
         )
         if not self._state.ledger.reserve(stand_in, now).admitted:
             return False
+        # Its quota's default lifetime is the reservation's, from its own decision: the
+        # hold takes none (the sweep would release it as an entry without a record).
+        stand_in.expires_at = stand_in.given_expiry = None
         hold = self._holds[uid] = Hold(stand_in.id, entry.node)
         asyncio.get_running_loop().call_later(self._lifetime, self._expire, uid, hold)
         return True
