@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from headroom.api.constants import OUTLOOK_MODE, STRICT
 from headroom.api.limits import Limits
 from headroom.api.outlook import CAVEAT, Verdict, parse_warning
+from headroom.api.selectors import LabelSelector
 from headroom.control.admission import Admission
 from headroom.control.outlook import ReservationOutlook
 from headroom.control.provisional import ProvisionalHolds
 from headroom.control.state import State
 from headroom.ledger import Entry
+from headroom.ledger.quotas import QuotaRules
 
 NOW = datetime(2026, 12, 7, tzinfo=UTC)
 
@@ -164,5 +166,31 @@ def test_a_name_the_ledger_still_holds_gets_no_outlook_and_is_not_refused() -> N
         assert read is not None
         assert read.verdict is Verdict.UNKNOWN
         assert len(holds) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_hold_is_given_no_expiry_by_its_namespaces_quota() -> None:
+    """Found by the simulation's webhook reviews (seeds 4756, 6818, 7703): the quota's
+    default lifetime gave the hold an expiry; the sweep released it then as an entry
+    without a record (logged as an error), ahead of its lifetime, and giving it back
+    later raised UnknownEntryError (in the expiry timer, or in the decision step)."""
+
+    async def scenario() -> None:
+        state = _state()
+        state.ledger.set_namespace("team", {"team": "t"})
+        state.ledger.set_quota(
+            QuotaRules(
+                "q",
+                LabelSelector(match_labels={"team": "t"}),
+                ram_mb=20_000,
+                default_lifetime=timedelta(seconds=5),
+            )
+        )
+        holds = ProvisionalHolds(state, lifetime=60, room_freed=lambda: None)
+        assert holds.take("uid-1", _claim("a", 6_000), NOW)
+        assert state.ledger.due(NOW + timedelta(seconds=30)) == []
+        assert holds.give_back("uid-1")
+        assert state.ledger.allocatable_ram("n") == 10_000
 
     asyncio.run(scenario())

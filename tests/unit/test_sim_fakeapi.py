@@ -415,3 +415,35 @@ def test_breaking_every_watch_as_an_api_server_restart_does() -> None:
         assert server.store.watchers[RESERVATIONS] == {}
 
     simulate(scenario)
+
+
+def test_a_create_reviewed_as_kube_apiserver_calls_a_validating_webhook() -> None:
+    """The review sees the object as it would be stored (its uid given, kept once
+    stored); a refusal stores nothing; a name taken is found only after an allowed
+    review; a dry run is reviewed, given a uid of its own, and stores nothing."""
+
+    async def scenario(server: FakeApiServer, client: FakeClient) -> None:
+        seen: list[JSON] = []
+
+        def allow(obj: JSON) -> None:
+            seen.append(obj)
+
+        def refuse(obj: JSON) -> None:
+            seen.append(obj)
+            raise ApiError(403, "Forbidden", "denied")
+
+        stored = server.create_reservation(NS, "r", "n1", 512, review=allow)
+        assert seen[-1]["metadata"]["uid"] == stored["metadata"]["uid"]
+        assert seen[-1]["metadata"]["creationTimestamp"] == stored["metadata"]["creationTimestamp"]
+        with pytest.raises(ApiError) as refused:
+            server.create_reservation(NS, "s", "n1", 512, review=refuse)
+        assert refused.value.status == 403
+        with pytest.raises(ApiError) as taken:
+            server.create_reservation(NS, "r", "n1", 512, review=allow)
+        assert taken.value.status == 409
+        assert seen[-1]["metadata"]["uid"] != stored["metadata"]["uid"]  # reviewed, then 409
+        dry = server.create_reservation(NS, "t", "n1", 512, review=allow, dry_run=True)
+        assert dry["metadata"]["uid"] == seen[-1]["metadata"]["uid"]
+        assert [o["metadata"]["name"] for o in server.reservations(NS)] == ["r"]
+
+    simulate(scenario)

@@ -252,9 +252,8 @@ class Admission:
     def _decide(self, pending: Pending) -> None:
         """Decide one reservation and hand it to the writer. No await in here."""
         state, now = self._state, self._clock.now()
-        if self._provisional is not None:
-            # The room its create was promised comes back, and is taken again just below.
-            self._provisional.give_back(pending.uid)
+        # The room its create was promised comes back, and is taken again just below.
+        promised = self._provisional is not None and self._provisional.give_back(pending.uid)
         try:
             entry = reservation_entry(pending.obj, now)
         except InvalidValueError as error:
@@ -298,8 +297,10 @@ class Admission:
         if self._own.is_own(pending.namespace, pending.obj, entry):
             verdict = state.ledger.record(entry, now)  # it runs there already: say so, fit or not
         else:
+            # Under strict FIFO a promised one is not sent behind those that began waiting
+            # since its answer (its room was taken first: some wait because of it).
             verdict = state.ledger.reserve_or_wait(
-                entry, now, entry.wait_until, strict=self._strict
+                entry, now, entry.wait_until, strict=self._strict and not promised
             )
         if verdict.admitted:
             phase = Phase.ADMITTED

@@ -84,6 +84,11 @@ class ReservationOutlook:
     def answer(self, obj: JSON, *, dry_run: bool = False) -> OutlookAnswer:
         """The answer to creating ``obj``: its outlook (then any caveat) as warnings; under
         strict mode a refusal, or the room held for it (not for a dry run)."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not dry_run and isinstance(uid, str) and uid in self._holds:
+            # The same create reviewed again (the API server retried its call): answered as
+            # the first time, from the ledger without the room held for it, then held again.
+            self._holds.give_back(uid)
         entry, found = self._foresee(obj)
         metadata = obj.get("metadata") or {}
         labelled = self._namespace_strict(str(metadata.get("namespace") or ""))
@@ -96,7 +101,6 @@ class ReservationOutlook:
         if found.verdict is Verdict.UNKNOWN or found.node is None:
             return OutlookAnswer(said)
         earlier = self._admission.undecided_on(found.node, unless=self._holds.__contains__)
-        uid = metadata.get("uid")
         if (
             labelled
             and not dry_run

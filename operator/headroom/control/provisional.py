@@ -12,8 +12,10 @@ reclaims or publishes it as a reservation.
 It ends in one of two ways:
 
 - the Reservation with that uid comes to be decided: the decider gives the room
-  back and decides it at once, in the same synchronous step, so it finds its room.
-  While it waits to be decided (a backlog, a lookup) the hold stays;
+  back and decides it at once, in the same synchronous step, so it finds its room
+  (under strict FIFO, not behind those that began waiting since: its room was taken
+  first, and some wait because of it). While it waits to be decided (a backlog, a
+  lookup) the hold stays;
 - ``lifetime`` passes and no Reservation with that uid was seen: the create failed
   after the webhook allowed it (AlreadyExists, with a uid never stored), or the review
   never came from the API server at all. The room is given back and waiters may take
@@ -23,7 +25,8 @@ It ends in one of two ways:
 
 Holds live in the leader's memory only: a new leader has none, and decides the
 creates it sees as usual (the promise is kept unless the room went meanwhile).
-A dry run never holds.
+A dry run never holds. The same create reviewed again (an API server retrying the
+webhook call: the same uid) is answered as the first time, and held again.
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ class ProvisionalHolds:
         )
         if not self._state.ledger.reserve(stand_in, now).admitted:
             return False
+        # Its quota's default lifetime is the reservation's, from its own decision: the
+        # hold takes none (the sweep would release it as an entry without a record).
+        stand_in.expires_at = stand_in.given_expiry = None
         hold = self._holds[uid] = Hold(stand_in.id, entry.node)
         asyncio.get_running_loop().call_later(self._lifetime, self._expire, uid, hold)
         return True

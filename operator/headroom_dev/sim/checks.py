@@ -92,6 +92,9 @@ class Checker:
     now: Callable[[], float]
     lease: Callable[[], JSON | None]  # the Lease in the store, when leader election is on
     paused: Callable[[str, float, float], bool] = lambda run_id, since, until: False
+    #: The provisional holds in the ledger of the replica that took ``decision``:
+    #: (namespace, node, MiB) each (:mod:`headroom_dev.sim.reviewchecks`).
+    provisional: Callable[[str], list[tuple[str, str, int]]] = lambda decision: []
     window: float = 0.0
     violations: list[str] = field(default_factory=list)
     replicas: dict[str, Replica] = field(default_factory=dict)  # run id -> replica
@@ -248,12 +251,14 @@ class Checker:
         named = ((obj.get("spec") or {}).get("owner") or {}).get("pod") == key[1]
         own = named and _owner_pod_uid(obj) is not None
         forced = own and (obj.get("status") or {}).get("reason") == "OverCommitted"
-        self.quotas.admitted(uid, key, ram, forced)
+        held = [] if forced else self.provisional(decision)
+        self.quotas.admitted(uid, key, ram, forced, [(ns, mb) for ns, _, mb in held])
         if forced:
             self._over[uid] = decision
             return  # a pod already running there, recorded as it is (podchecks checks that)
         limit = self._limit(node)
-        total = sum(
+        provisional = sum(mb for _, n, mb in held if n == node)
+        total = provisional + sum(
             mb
             for other, (n, mb) in self._admitted.items()
             if n == node and not _decided_after(self._over.get(other), decision)
@@ -261,7 +266,14 @@ class Checker:
         if limit is None:
             self.fail(f"{key}: admitted on node {node}, whose capacity was never known")
         elif total > limit:
-            self.fail(f"{key}: admitted {ram} MiB pushed node {node} to {total} > limit {limit}")
+            self.fail(
+                f"{key}: admitted {ram} MiB pushed node {node} to {total} > limit {limit}"
+                + (f" ({provisional} MiB of it provisional holds)" if provisional else "")
+            )
+
+    def committed_on(self, node: str) -> int:
+        """The Admitted RAM on ``node`` in the store now (a pod's forced records too)."""
+        return sum(mb for n, mb in self._admitted.values() if n == node)
 
     def _truth_when_sent(self, uid: str, key: tuple[str, str], status: JSON) -> None:
         now = self.now()

@@ -51,6 +51,8 @@ from headroom_dev.sim.fakeapi.client import FakeClient
 from headroom_dev.sim.loop import VirtualClock, run_virtual
 from headroom_dev.sim.podchecks import PodChecker
 from headroom_dev.sim.pods import PodWorld
+from headroom_dev.sim.reviewchecks import ReviewChecker
+from headroom_dev.sim.reviews import HOLDS, REVIEW_SHARE, Reviews
 from headroom_dev.sim.scheduled import ScheduledWorld
 from headroom_dev.sim.scheduledchecks import ScheduledChecker
 
@@ -82,15 +84,23 @@ def simulate(seed: int) -> Outcome:
     return run_virtual(_Schedule(seed).run(), max_virtual_seconds=3600)
 
 
-def _config(leader: bool, strict: bool, bind_grace: float | None = None) -> OperatorConfig:
+def _config(
+    leader: bool,
+    strict: bool,
+    bind_grace: float | None = None,
+    provisional_hold: float | None = None,
+) -> OperatorConfig:
     """``bind_grace``: placement by the headroom scheduler, through the extender (whose
-    calls the schedule makes directly: no port is served)."""
+    calls the schedule makes directly: no port is served). ``provisional_hold``: the
+    webhook's ``provisionalHold`` (its reviews are called directly too)."""
     scheduled: JSON = {}
     if bind_grace is not None:
         scheduled = {
             "extenderPort": 0,
             "placement": {"mode": "scheduler", "bindGrace": f"{bind_grace:g}s"},
         }
+    if provisional_hold is not None:
+        scheduled["webhook"] = {"provisionalHold": f"{provisional_hold:g}s"}
     return OperatorConfig.model_validate(
         {
             **scheduled,
@@ -150,6 +160,8 @@ class Process:
             events=EventRecorder(self.client, clock=s.clock, instance=self.name),
         )
         self.extender = SchedulerExtender(self.controller) if s.scheduled is not None else None
+        if s.review_checker is not None:
+            self._record_give_backs(s.review_checker)
         self.replica = Replica(self.name, self.run_id, started_at=float("inf"))
         s.checker.replicas[self.run_id] = self.replica
         self.task = asyncio.create_task(self._run(), name=f"{self.name}-main")
@@ -171,6 +183,22 @@ class Process:
         self.replica.controller = self.controller
         s.checker.deciders.append(self.replica)
         s.disturbed()  # a new operator: the pods' clocks start again (podpromises)
+
+    def _record_give_backs(self, checker: ReviewChecker) -> None:
+        """Tell the checker each provisional hold given back (decided, withdrawn, run out)."""
+        holds = self.controller.holds
+        give_back = holds.give_back
+
+        def recorded(uid: str) -> bool:
+            given = give_back(uid)
+            checker.gave_back(self.run_id, uid, given)
+            return given
+
+        holds.give_back = recorded  # type: ignore[method-assign]
+
+    @property
+    def paused(self) -> bool:
+        return self.client.paused
 
     @property
     def deciding(self) -> bool:
@@ -216,7 +244,10 @@ class _Schedule:
         with_pods = self.rng.random() < POD_SHARE
         scheduled = not with_pods and self.rng.random() < SCHEDULED_SHARE
         bind_grace = self.rng.choice([5.0, 20.0, 60.0]) if scheduled else None
-        self.config = _config(self.leader, strict, bind_grace)
+        # Reviews draw on their own: the schedules without them are as they were.
+        reviewing = random.Random(seed * 7919 + 17)
+        hold = reviewing.choice(HOLDS) if reviewing.random() < REVIEW_SHARE else None
+        self.config = _config(self.leader, strict, bind_grace, hold)
         lease_path = resource_path("coordination.k8s.io", "v1", "leases", *LEASE)
         self.pauses: list[tuple[str, float, float]] = []  # (run id, from, to)
         self.checker = Checker(
@@ -244,6 +275,19 @@ class _Schedule:
             self.server.subscribe(self.scheduled_checker.on_change)
             self.scheduled = ScheduledWorld(self, NAMESPACE, seed=self.rng.random())
         self.processes: list[Process] = []
+        self.review_checker: ReviewChecker | None = None
+        self.reviews: Reviews | None = None
+        if hold is not None:
+            self.review_checker = ReviewChecker(self.checker, hold, self.live_controllers)
+            self.server.subscribe(self.review_checker.on_change)
+            self.reviews = Reviews(
+                self.server,
+                lambda: self.processes,
+                self.review_checker,
+                self.count,
+                self.now,
+                seed=reviewing.random(),
+            )
         self.numbers = 0
         self.nodes: dict[str, int] = {}
         self.reservations: list[str] = []
@@ -261,6 +305,9 @@ class _Schedule:
 
     def now(self) -> float:
         return self.clock.monotonic()
+
+    def live_controllers(self) -> list[tuple[str, Controller]]:
+        return [(p.run_id, p.controller) for p in self.processes if p.alive]
 
     def disturbed(self) -> None:
         self._disturbed_at = self.now()
@@ -306,10 +353,16 @@ class _Schedule:
     # -- the schedule ----------------------------------------------------------------------
 
     async def run(self) -> Outcome:
-        self.server.ensure_namespace(NAMESPACE)
+        reviews = self.reviews
+        claim_pods = self.pods is not None or self.scheduled is not None
+        # (the claim pods' namespace is never strict: the operator creates their reservations)
+        strict = reviews.namespace_labels if reviews is not None else lambda _: {}
+        self.server.ensure_namespace(NAMESPACE, None if claim_pods else strict(NAMESPACE))
+        if self.flooding and reviews is not None:
+            self.server.ensure_namespace(NOISY, strict(NOISY))
         if self.quotas:
             for team in TEAMS:
-                self.server.ensure_namespace(team, {"team": "t"})
+                self.server.ensure_namespace(team, {"team": "t", **strict(team)})
             self.put_quota("team", {"matchLabels": {"team": "t"}})
             self.put_quota("b-only", {"matchLabels": {NAME_LABEL: "team-b"}})
             if self.pods is not None or self.scheduled is not None:
@@ -350,6 +403,8 @@ class _Schedule:
             self.pod_checker.may_wait if self.scheduled is None else self.scheduled_checker.may_wait
         )
         self.checker.final(reservations, controller, may_wait=may_wait)
+        if self.review_checker is not None:
+            self.review_checker.final()
         quotas = [q for n in QUOTA_NAMES if (q := self.server.get(f"{QUOTAS}/{n}"))]
         namespaces = {
             n: (ns.get("metadata") or {}).get("labels") or {}
@@ -368,6 +423,8 @@ class _Schedule:
         await asyncio.sleep(10)  # their bounded stops
         self.checker.violations.extend(repr(e) for e in self.server.listener_errors)
         stats = {**self.stats, **self.checker.counts}
+        if self.review_checker is not None:
+            stats.update(self.review_checker.counts)
         return Outcome(self.seed, self.checker.violations, stats, self.server.resource_version)
 
     async def calm(self) -> None:
@@ -574,10 +631,21 @@ class _Schedule:
     # -- tenants ---------------------------------------------------------------------------
 
     def create_reservation(self) -> None:
+        """A tenant creates a reservation (reviewed by the webhook first, in some schedules:
+        :mod:`headroom_dev.sim.reviews`)."""
         name = f"r{len(self.reservations)}"
-        self.reservations.append(name)
         namespace = self.rng.choice([NAMESPACE, *TEAMS]) if self.quotas else NAMESPACE
-        self.where[name] = namespace
+        reviews = self.reviews
+        namesake = (
+            reviews.namesake([r for r in self.reservations if self.where[r] == namespace])
+            if reviews is not None
+            else None
+        )
+        if namesake is None:
+            self.reservations.append(name)
+            self.where[name] = namespace
+        else:
+            name = namesake
         node = self.rng.choice([*sorted(self.nodes), "node-9"]) if self.nodes else "node-0"
         spec: dict[str, Any] = {}
         if self.rng.random() < 0.2:
@@ -590,16 +658,30 @@ class _Schedule:
         if vram and self.rng.random() < 0.3:  # over two devices, or the node's sum
             spec["gpus"] = self.rng.choice([0, 2])
         how = self.rng.choice(["silent", "self", "self", "pod", "pod", "late-pod", "no-pod"])
+        if namesake is not None:
+            how = "silent"  # (named taken: AlreadyExists, but for one deleted meanwhile)
         if how in ("pod", "late-pod", "no-pod"):
             pod = f"owner-{name}"
             spec["owner"] = {"pod": pod}
             self.owners[name] = pod
             if how == "pod":
                 self.server.create_pod(namespace, pod, labels={OWNER_LABEL: "true"})
+        ram = self.rng.choice([256, 512, 1024, 2048, 3072])
         try:
-            self.server.create_reservation(
-                namespace, name, node, self.rng.choice([256, 512, 1024, 2048, 3072]), vram, **spec
-            )
+            if reviews is None:
+                self.server.create_reservation(namespace, name, node, ram, vram, **spec)
+            else:
+                annotations = reviews.annotations()
+                if reviews.dry_run_first():  # kubectl apply --dry-run=server, then for real
+                    with contextlib.suppress(ApiError):
+                        self.server.create_reservation(
+                            namespace, name, node, ram, vram, annotations=annotations,
+                            review=reviews.review(dry_run=True), dry_run=True, **spec,
+                        )  # fmt: skip
+                self.server.create_reservation(
+                    namespace, name, node, ram, vram, annotations=annotations,
+                    review=reviews.review(), **spec,
+                )  # fmt: skip
         except ApiError:
             return
         self.count("create")
@@ -632,10 +714,16 @@ class _Schedule:
             spec: dict[str, Any] = {}
             if self.rng.random() < 0.3:
                 spec["wait"] = f"{self.rng.uniform(1, 30):.1f}s"
+            node, ram = self.rng.choice(nodes), self.rng.choice([64, 128, 256])
+            reviews = self.reviews
             try:
-                self.server.create_reservation(
-                    NOISY, name, self.rng.choice(nodes), self.rng.choice([64, 128, 256]), **spec
-                )
+                if reviews is None:
+                    self.server.create_reservation(NOISY, name, node, ram, **spec)
+                else:
+                    self.server.create_reservation(
+                        NOISY, name, node, ram, annotations=reviews.annotations(),
+                        review=reviews.review(), **spec,
+                    )  # fmt: skip
             except ApiError:
                 continue
             self.count("noisy-create")

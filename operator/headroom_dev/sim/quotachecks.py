@@ -71,27 +71,41 @@ class QuotaBook:
             if self._history[quota] and selector.matches(labels)
         ]
 
-    def admitted(self, uid: str, key: tuple[str, str], ram: int, forced: bool) -> None:
-        """A new Admitted decision (``forced``: a running pod recorded as it is)."""
+    def admitted(
+        self,
+        uid: str,
+        key: tuple[str, str],
+        ram: int,
+        forced: bool,
+        provisional: list[tuple[str, int]] | None = None,
+    ) -> None:
+        """A new Admitted decision (``forced``: a running pod recorded as it is).
+        ``provisional``: the deciding leader's provisional holds, (namespace, MiB) each
+        (:mod:`headroom_dev.sim.reviewchecks`), counted with what is Admitted."""
         namespace = key[0]
         self._held[uid] = (namespace, ram)
-        governing = self._governing(namespace)
-        if forced or not governing:
+        if forced:
             return
-        self.count("admitted-under-quota")
+        if self.within(key, namespace, provisional or [], f"admitted {ram} MiB pushed"):
+            self.count("admitted-under-quota")
+
+    def within(
+        self, key: tuple[str, str], namespace: str, provisional: list[tuple[str, int]], what: str
+    ) -> bool:
+        """Check every quota governing ``namespace``: what is Admitted there, with the
+        ``provisional`` holds, within its limits. False if none governs it."""
+        governing = self._governing(namespace)
         for quota in governing:
             ram_limit, entries_limit = self._limits(quota)
             members = {
                 n for n in self._namespaces if self._selectors[quota].matches(self._namespaces[n])
             }
-            held = [mb for ns, mb in self._held.values() if ns in members]
+            held = [mb for ns, mb in [*self._held.values(), *provisional] if ns in members]
             if sum(held) > ram_limit:
-                self.fail(
-                    f"{key}: admitted {ram} MiB pushed quota {quota} to {sum(held)} MiB "
-                    f"> {ram_limit}"
-                )
+                self.fail(f"{key}: {what} quota {quota} to {sum(held)} MiB > {ram_limit}")
             if len(held) > entries_limit:
                 self.fail(f"{key}: quota {quota} holds {len(held)} entries > {entries_limit}")
+        return bool(governing)
 
     def released(self, uid: str) -> None:
         self._held.pop(uid, None)

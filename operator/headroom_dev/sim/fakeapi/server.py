@@ -144,8 +144,16 @@ class FakeApiServer:
 
     # -- generic un-faulted writes ----------------------------------------------------------------
 
-    def create(self, path: str, body: JSON) -> JSON:
-        return clone(self.store.create(parse_path(path), body))
+    def create(
+        self,
+        path: str,
+        body: JSON,
+        *,
+        review: Callable[[JSON], None] | None = None,
+        dry_run: bool = False,
+    ) -> JSON:
+        """``review``: an admission webhook's review before storage (:meth:`Store.create`)."""
+        return clone(self.store.create(parse_path(path), body, review=review, dry_run=dry_run))
 
     def merge_patch(self, path: str, body: JSON) -> JSON:
         return clone(self.store.merge_patch(parse_path(path), body))
@@ -232,21 +240,32 @@ class FakeApiServer:
         node: str,
         ram_mb: int,
         vram_mb: int = 0,
+        *,
+        annotations: dict[str, str] | None = None,
+        review: Callable[[JSON], None] | None = None,
+        dry_run: bool = False,
         **spec: Any,
     ) -> JSON:
-        """As ``kubectl apply`` would; extra ``spec`` fields by their API names (``owner=...``)."""
+        """As ``kubectl apply`` would; extra ``spec`` fields by their API names (``owner=...``).
+        ``review``: the validating webhook's review of the create (:meth:`Store.create`)."""
         self.ensure_namespace(namespace)
         body_spec: JSON = {"node": node, "ramMB": ram_mb, **spec}
         if vram_mb:
             body_spec["vramMB"] = vram_mb
+        metadata: JSON = {"name": name}
+        if annotations:
+            metadata["annotations"] = annotations
         body = {
             "apiVersion": RESERVATIONS_API,
             "kind": "Reservation",
-            "metadata": {"name": name},
+            "metadata": metadata,
             "spec": body_spec,
         }
         return self.create(
-            resource_path("headroom.dev", "v1alpha1", "reservations", namespace), body
+            resource_path("headroom.dev", "v1alpha1", "reservations", namespace),
+            body,
+            review=review,
+            dry_run=dry_run,
         )
 
     def delete_reservation(self, namespace: str, name: str, *, uid: str | None = None) -> None:

@@ -220,8 +220,21 @@ class Store:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def create(self, target: Target, body: Any) -> JSON:
-        """POST: the stored object (do not mutate it)."""
+    def create(
+        self,
+        target: Target,
+        body: Any,
+        *,
+        review: Callable[[JSON], None] | None = None,
+        dry_run: bool = False,
+    ) -> JSON:
+        """POST: the stored object (do not mutate it).
+
+        ``review``: a validating admission webhook, as kube-apiserver calls one: with
+        the object as it would be stored (its uid and creationTimestamp set), after
+        validation and before storage; it refuses by raising. A name taken is then
+        found only at storage (AlreadyExists after an allowed review, as etcd's
+        create-if-absent). ``dry_run``: everything but storage (the uid is given too)."""
         kind = target.kind
         if target.subresource == "binding":
             return self._bind(target, body)
@@ -241,8 +254,10 @@ class Store:
             name = self._generate_name(kind, namespace, str(metadata["generateName"]))
         check_name(kind, name)
         key = (namespace or "", name)
-        if key in self._objects[kind]:
-            raise ApiError(409, "AlreadyExists", f'{kind.resource} "{name}" already exists')
+        exists = ApiError(409, "AlreadyExists", f'{kind.resource} "{name}" already exists')
+        admitted = review is not None or dry_run
+        if not admitted and key in self._objects[kind]:
+            raise exists
         metadata["name"] = name
         if namespace is not None:
             metadata["namespace"] = namespace
@@ -252,6 +267,12 @@ class Store:
         metadata["creationTimestamp"] = self._stamp()
         if kind.generation:
             metadata["generation"] = 1
+        if review is not None:
+            review(clone(obj))
+        if admitted and key in self._objects[kind]:
+            raise exists
+        if dry_run:
+            return obj
         if not kind.stored:  # an Event: counted and summarized, not kept
             self.events.record(obj)
             self.revision += 1
