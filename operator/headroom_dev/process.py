@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import http.client
 import os
+import random
 import signal
 import socket
 import ssl
@@ -59,12 +60,50 @@ def kubectl_for(kubeconfig: Path) -> Callable[..., subprocess.CompletedProcess[s
     return run
 
 
-def free_port() -> int:
-    """A loopback TCP port that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+_LOWEST_PORT = 10_000
+_handed_out: set[int] = set()
+
+
+def ephemeral_ports(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> range:
+    """The kernel's ephemeral range: where every outgoing connection's source port,
+    and every ``bind(port=0)``, comes from."""
+    try:
+        low, high = (int(field) for field in path.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
+def free_port(rng: random.Random | None = None) -> int:
+    """A loopback TCP port for a child to listen on, free now and likely to stay free
+    until the child binds it, seconds later.
+
+    Not one the kernel hands out (``bind(port=0)``): that comes from the ephemeral
+    range, which every outgoing connection takes its source port from too, so a busy
+    test run (etcd and kube-apiserver talking while a plane starts) can take it
+    before the child binds it (CI saw kube-controller-manager fail on "address
+    already in use"). Ports below that range are never taken that way; one is picked
+    at random there, never twice in this process, and checked free by binding it.
+    """
+    rng = rng or random.SystemRandom()
+    ephemeral = ephemeral_ports()
+    if ephemeral.start - _LOWEST_PORT < 1000:  # a machine that left no room below
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+            return port
+    for _ in range(1000):
+        port = rng.randrange(_LOWEST_PORT, ephemeral.start)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise ControlPlaneError(f"no free loopback port in {_LOWEST_PORT}..{ephemeral.start - 1}")
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
