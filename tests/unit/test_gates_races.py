@@ -40,21 +40,36 @@ or delays the one that makes the race.
   namespace's quota before the pod's own reservation was made and recorded, so the
   quota held both. A pod that runs with no decision about its reservation counts
   against its quotas from the rebuild on (``Ledger.set_running_claim``).
+- An ungate patch that failed until its reservation's lifetime (a quota's, 5 s) ran
+  out (seed 9270): the retry loop sent the patch built from the admission 4 s after
+  the operator had reclaimed it ``Expired``, and the pod left the gate on a claim no
+  longer admitted. Every attempt is made only while the ledger still admits the pod
+  with a second of the lifetime left; the pod stays gated and is placed again.
+- Then a reservation admitted from its queue 0.19 s before its lifetime's end (seed
+  9224): it is not let out on it either (it would have had 1 s, the API server's
+  shortest deadline, from its start); the pod is placed again.
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 from headroom.api.claims import pod_claim
 from headroom.api.config import OperatorConfig
-from headroom.api.constants import CLAIM_LABEL, OWNER_LABEL, RAM_ANNOTATION, SCHEDULING_GATE
+from headroom.api.constants import (
+    CLAIM_LABEL,
+    OWNER_LABEL,
+    RAM_ANNOTATION,
+    SCHEDULING_GATE,
+    WAIT_ANNOTATION,
+)
 from headroom.control.controller import Controller
-from headroom.kube.transport import JSON, Transport, resource_path
+from headroom.kube.transport import JSON, ApiUnavailableError, Transport, resource_path
 from headroom.objects.pods import pod_reservation
 from headroom_dev import quotas as hq
 from headroom_dev.sim.fakeapi import FakeApiServer
-from headroom_dev.sim.loop import VirtualClock, run_virtual
+from headroom_dev.sim.loop import DEFAULT_EPOCH, VirtualClock, run_virtual
 
 NS = "ml"
 PODS = resource_path("", "v1", "pods", NS)
@@ -339,3 +354,184 @@ def test_a_pod_bound_while_the_operator_was_down_fills_its_quota_before_any_deci
         await controller.stop()
 
     run_virtual(scenario(), max_virtual_seconds=600)
+
+
+class UnreachablePod:
+    """The operator's transport, with the patches of one pod failing (no answer) while
+    ``down``; when each was sent, and whether it went through."""
+
+    def __init__(self, inner: Transport, path: str) -> None:
+        self._inner, self._path = inner, path
+        self.down = True
+        self.sent: list[tuple[float, bool]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def json_patch(self, path: str, operations: list[JSON]) -> JSON:
+        if path == self._path:
+            self.sent.append((asyncio.get_running_loop().time(), not self.down))
+            if self.down:
+                raise ApiUnavailableError("connection refused")
+        return await self._inner.json_patch(path, operations)
+
+
+def test_an_ungate_retried_past_its_reservations_lifetime_is_not_sent() -> None:
+    """Seed 9270: the pod's reservation was admitted with its quota's 5 s lifetime, the
+    ungate patch failed until after it expired, and the retry, built from the admission
+    and sent 4 s after the reservation was reclaimed, let the pod out on a claim no
+    longer admitted (it then ran with no reservation at all)."""
+
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=8192)
+        name = {"kubernetes.io/metadata.name": NS}
+        server.create(QUOTAS, hq.quota("q", name, defaultLifetime="5s"))
+        body = {
+            "metadata": {
+                "name": "p",
+                "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
+                "annotations": {RAM_ANNOTATION: "512Mi"},
+            },
+            "spec": {
+                "containers": [{"name": "main", "image": "sim"}],
+                "schedulingGates": [{"name": SCHEDULING_GATE}],
+            },
+        }
+        server.create(PODS, body)
+        # What the reservation said when the pod left the gate (uid, phase, reason).
+        let_out: list[tuple[str, str, str]] = []
+
+        made_again: list[float] = []  # when a second reservation was made
+
+        def on_change(event_type: str, obj: JSON) -> None:
+            if obj.get("kind") == "Reservation" and event_type == "ADDED":
+                made_again.append(asyncio.get_running_loop().time())
+            if obj.get("kind") != "Pod" or obj["spec"].get("schedulingGates") or let_out:
+                return
+            [reservation] = server.reservations(NS)
+            status = reservation.get("status") or {}
+            let_out.append((reservation["metadata"]["uid"], status["phase"], status["reason"]))
+
+        server.subscribe(on_change)
+        transport = UnreachablePod(server.client("operator"), f"{PODS}/p")
+        controller = Controller(
+            OperatorConfig(), transport, clock=VirtualClock(), follow_watches=False
+        )
+        await controller.start()
+        await deliver_reservations(server, controller)  # admitted; the ungate fails
+        [first] = server.reservations(NS)
+        assert (first["status"]["phase"], first["status"]["reason"]) == ("Admitted", "Fits")
+        expiry = datetime.fromisoformat(first["status"]["expiresAt"])
+        lifetime_end = (expiry - DEFAULT_EPOCH).total_seconds()  # in virtual seconds
+        while (server.reservations(NS)[0]["status"]["phase"] == "Admitted") and (
+            asyncio.get_running_loop().time() < lifetime_end + 30
+        ):
+            await deliver_reservations(server, controller)  # expires; Reclaimed written
+        [expired] = server.reservations(NS)
+        assert (expired["status"]["phase"], expired["status"]["reason"]) == ("Reclaimed", "Expired")
+        assert let_out == []
+        transport.down = False  # the pod can be reached again: a retry would go through
+        for _ in range(10):  # the pod's backoff after a refusal: 10 s
+            await deliver_reservations(server, controller)
+        # The pod left the gate once, on a reservation Admitted then: a new one.
+        assert len(let_out) == 1
+        uid, phase, reason = let_out[0]
+        assert (phase, reason) == ("Admitted", "Fits")
+        assert uid != first["metadata"]["uid"]
+        # No attempt was sent for the first admission with less than a second of its
+        # lifetime left, nor after.
+        assert len(made_again) == 2
+        first_tries = [at for at, _ in transport.sent if at < made_again[1]]
+        assert first_tries
+        assert max(first_tries) <= lifetime_end - 1
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+def test_an_admission_with_under_a_second_of_lifetime_left_lets_nothing_out() -> None:
+    """Seed 9224: a pod's reservation waited in its node's queue while its quota's
+    lifetime ran, and was admitted 0.19 s before its end. Let out then, the pod would
+    have been given the API server's shortest deadline, 1 s, counted from its start:
+    more than its claim had, for nothing. It stays gated and is placed again."""
+
+    async def scenario() -> None:
+        server = FakeApiServer(seed=5)
+        server.ensure_namespace(NS)
+        server.put_node("n1", memory=4096)  # a limit of 3072 MiB
+        name = {"kubernetes.io/metadata.name": NS}
+        server.create(QUOTAS, hq.quota("q", name, defaultLifetime="5s"))
+        server.create_reservation("other", "filler", "n1", 3072)  # no quota: no lifetime
+        body = {
+            "metadata": {
+                "name": "p",
+                "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
+                "annotations": {RAM_ANNOTATION: "512Mi", WAIT_ANNOTATION: "1m"},
+            },
+            "spec": {
+                "containers": [{"name": "main", "image": "sim"}],
+                "schedulingGates": [{"name": SCHEDULING_GATE}],
+            },
+        }
+        server.create(PODS, body)
+        let_out: list[tuple[str, str]] = []  # the reservation's uid and phase then
+        sent: list[float] = []  # when a patch of the pod (an ungate) was sent
+
+        def on_change(event_type: str, obj: JSON) -> None:
+            if obj.get("kind") != "Pod" or obj["spec"].get("schedulingGates") or let_out:
+                return
+            [reservation] = server.reservations(NS)
+            let_out.append((reservation["metadata"]["uid"], reservation["status"]["phase"]))
+
+        server.subscribe(on_change)
+        transport = PatchesOf(server.client("operator"), f"{PODS}/p", sent)
+        controller = Controller(
+            OperatorConfig(), transport, clock=VirtualClock(), follow_watches=False
+        )
+        await controller.start()
+        for reservation in server.reservations("other"):
+            controller.reservations.on_event("ADDED", reservation)
+        await deliver_reservations(server, controller)
+        [first] = server.reservations(NS)
+        assert first["status"]["phase"] == "Queued"
+        # Its lifetime runs from its creation, while it waits.
+        created = datetime.fromisoformat(first["metadata"]["creationTimestamp"])
+        lifetime_end = (created - DEFAULT_EPOCH).total_seconds() + 5  # in virtual seconds
+        await asyncio.sleep(lifetime_end - 0.5 - asyncio.get_running_loop().time())
+        [filler] = server.reservations("other")
+        server.delete(
+            resource_path("headroom.dev", "v1alpha1", "reservations", "other") + "/filler"
+        )
+        controller.reservations.on_event("DELETED", filler)  # room, half a second before
+        await asyncio.sleep(0.1)
+        [admitted] = server.reservations(NS)
+        assert admitted["status"]["phase"] == "Admitted"
+        expiry = datetime.fromisoformat(admitted["status"]["expiresAt"])
+        assert (expiry - DEFAULT_EPOCH).total_seconds() == lifetime_end
+        for _ in range(6):  # it runs out; then, the pod's backoff after a refusal: 10 s
+            await deliver_reservations(server, controller)
+        assert not [at for at in sent if at < lifetime_end + 9]  # not for the first one
+        assert len(let_out) == 1
+        uid, phase = let_out[0]
+        assert phase == "Admitted"
+        assert uid != first["metadata"]["uid"]
+        await controller.stop()
+
+    run_virtual(scenario(), max_virtual_seconds=600)
+
+
+class PatchesOf:
+    """The operator's transport, noting when each patch of one path was sent."""
+
+    def __init__(self, inner: Transport, path: str, sent: list[float]) -> None:
+        self._inner, self._path, self._sent = inner, path, sent
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def json_patch(self, path: str, operations: list[JSON]) -> JSON:
+        if path == self._path:
+            self._sent.append(asyncio.get_running_loop().time())
+        return await self._inner.json_patch(path, operations)

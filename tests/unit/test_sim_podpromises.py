@@ -142,6 +142,23 @@ def test_nothing_is_made_for_a_pod_after_its_quotas_lifetime_ran_out() -> None:
     assert "lifetime" in failures[0]
 
 
+def test_a_pod_whose_reservation_ran_out_while_still_gated_may_be_placed_again() -> None:
+    """It never left the gate on that lifetime (its ungate was not sent in time): the
+    lifetime ran nothing, and the pod is placed again as after any refusal."""
+    clock, failures = Clock(), []
+    watch = promises(clock, failures)
+    watch.reservation_changed("ADDED", reservation(None), pod())
+    watch.reservation_changed("MODIFIED", reservation("Reclaimed", "Expired"), pod())
+    clock.t = 10.0  # the pod's backoff after a refusal
+    watch.reservation_changed("ADDED", reservation(None), pod())
+    watch.reservation_changed("MODIFIED", reservation("Admitted", "Fits"), pod())
+    watch.reservation_changed("MODIFIED", reservation("Reclaimed", "Expired"), pod(gated=False))
+    clock.t = 100.0
+    watch.reservation_changed("ADDED", reservation(None), pod(gated=False))  # not again
+    assert len(failures) == 1
+    assert "lifetime" in failures[0]
+
+
 def test_a_settled_pods_wrong_condition_is_caught_after_a_restart() -> None:
     clock, failures = Clock(), []
     watch = promises(clock, failures)

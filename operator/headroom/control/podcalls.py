@@ -17,6 +17,7 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import Literal
 
 from headroom.api.claims import pod_claim
@@ -51,6 +52,10 @@ from headroom.objects.pods import (
 
 log = logging.getLogger(__name__)
 _CREATE_TIMEOUT = 10.0  # seconds one create may hold the placement lock
+#: No ungate is sent with less of its reservation's lifetime left: the API server's
+#: shortest ``activeDeadlineSeconds`` is 1 s, so a pod let out later could not be made
+#: to end by then, and its reservation runs out while the patch is on its way.
+UNGATE_MARGIN = timedelta(seconds=1)
 
 
 #: How a call is made: ``PodCalls._call`` (retried) or ``PodCalls._once``.
@@ -59,6 +64,10 @@ Caller = Callable[[Callable[[], Awaitable[JSON]]], Awaitable[JSON]]
 
 class DeposedError(Exception):
     """This process may no longer act (it lost the Lease): stop, write nothing."""
+
+
+class _WithdrawnError(Exception):
+    """The admission an ungate was to carry out is no longer the ledger's: not sent."""
 
 
 class PodCalls:
@@ -248,14 +257,36 @@ class PodCalls:
             self._queue.add(key)
 
     async def _ungate(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
+        """Pin, name and ungate in one patch, while ``record`` admits the pod: every
+        attempt (a failed one is retried, for as long as the network takes) is made only
+        if the ledger still holds that admission with at least ``UNGATE_MARGIN`` of its
+        lifetime left, and sets the deadline from the time left then. An admission
+        reclaimed or run out meanwhile is not let out: the pod is looked at again."""
         devices = record.decision.devices
         expiry = record.decision.expires_at  # a quota's lifetime: the pod ends by then
+        view = seen.obj  # the pod as the decision saw it: every attempt tests for it
         left = expiry - self._clock.now() if expiry is not None else None
-        operations = ungate_patch(seen.obj, record.node, record.name, devices, time_left=left)
+        operations = ungate_patch(view, record.node, record.name, devices, time_left=left)
         if operations is None:
             return
+
+        async def ungate() -> JSON:
+            nonlocal left, operations
+            if not self._admits(record):
+                raise _WithdrawnError
+            if expiry is not None:  # its deadline as of this attempt
+                left = expiry - self._clock.now()
+                operations = ungate_patch(view, record.node, record.name, devices, time_left=left)
+            return await self._transport.json_patch(pod_path(*key), operations or [])
+
         try:
-            pod = await self._call(lambda: self._transport.json_patch(pod_path(*key), operations))
+            pod = await self._call(ungate)
+        except _WithdrawnError:
+            # Reclaimed meanwhile: the written decision brings the pod back (see
+            # ``Gates.decided``). About to run out: the sweep reclaims it within a second or
+            # two. Either way it is looked at again then, not at once.
+            self._queue.add_after(key, UNGATE_MARGIN.total_seconds())
+            return
         except ApiError as error:
             if error.not_found:
                 return  # gone: its owner label releases the reservation
@@ -277,6 +308,14 @@ class PodCalls:
         if seen.gated_at is not None:
             self._telemetry.ungated(self._clock.monotonic() - seen.gated_at)
         self._say(seen, EventReason.ADMITTED, admitted_message(pod, record))
+
+    def _admits(self, record: Record) -> bool:
+        """Whether the ledger still admits the pod on ``record``: its decision, held, with
+        ``UNGATE_MARGIN`` of its lifetime (if it has one) still to run."""
+        if self._state.records.get(record.uid) is not record or not record.held:
+            return False
+        expiry = record.decision.expires_at
+        return expiry is None or expiry - self._clock.now() >= UNGATE_MARGIN
 
     async def _fence(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
         """Admitted for kube-scheduler's choice, and no Binding came in time: one write on

@@ -17,7 +17,10 @@ module checks what needs a clock (the schedule's: virtual seconds), at every cha
   after a backoff that starts at ``RETRY_FIRST`` and doubles (from scratch in a new
   operator), +1 for a decision racing a move;
 - **an Expired pod gets no other**: once a pod's reservation is reclaimed ``Expired``
-  (its quota's lifetime), nothing is made for that pod again;
+  (its quota's lifetime) after the pod left the gate on it, nothing is made for that
+  pod again. One that ran out while the pod was still behind the gate (its ungate not
+  sent in time) let nothing run: the pod is placed again after its backoff, as after
+  any refusal (``AlreadyExpired``, ``UngateRefused``), within the bound above;
 - **the condition says the truth after a crash**: once the operator has been steady
   (since its start, a crash, a pause or an outage) for ``RESYNC + SLACK``, every pod
   that, with its reservation, has not changed for as long has the condition
@@ -166,7 +169,8 @@ class PodPromises:
         status = obj.get("status") or {}
         if event_type == "ADDED":
             self._made_one(key, pod_uid)
-        if status.get("phase") == "Reclaimed" and status.get("reason") == "Expired":
+        expired = status.get("phase") == "Reclaimed" and status.get("reason") == "Expired"
+        if expired and (pod is None or not gated(pod)):  # it was let out on that lifetime
             self._expired.add(pod_uid)
         held = event_type != "DELETED" and status.get("phase") == "Admitted"
         if held and pod is not None and gated(pod):
