@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,9 +24,9 @@ from headroom.api.limits import Limits
 from headroom.api.reasons import Phase, Reason
 from headroom.control.binder import BindCall, Binder
 from headroom.control.podactions import Known
-from headroom.control.podcalls import PodCalls
+from headroom.control.podcalls import UNGATE_MARGIN, PodCalls, WithdrawnError
 from headroom.control.state import PodKey, Record, State
-from headroom.kube.transport import JSON, ApiError
+from headroom.kube.transport import JSON, ApiError, ApiUnavailableError
 from headroom.objects.podreservations import Booked
 from headroom.objects.status import StatusDecision
 
@@ -73,6 +73,7 @@ class FakeGates:
     edited: JSON | None = None  # the pod as someone edits it once its reservation is made
     lingering: set[str] = field(default_factory=set)  # deleted, not yet seen gone
     made: int = 0
+    before_post: Callable[[], None] = lambda: None
 
     @contextlib.asynccontextmanager
     async def bind_lock(self, key: PodKey) -> AsyncIterator[None]:
@@ -129,7 +130,13 @@ class FakeGates:
         self.pod = {**self.pod, "spec": {**self.pod["spec"], "activeDeadlineSeconds": 1}}
         return self.pod
 
-    async def post(self, path: str, body: JSON) -> JSON:
+    async def post(
+        self, path: str, body: JSON, *, only_while: Callable[[], bool] = lambda: True
+    ) -> JSON:
+        self.before_post()  # what happens while the call is on its way (or retried)
+        if not only_while():  # as PodCalls.post checks before every attempt
+            self.calls.append("binding withdrawn")
+            raise WithdrawnError
         if self.pod["metadata"]["labels"]:  # a claim pod
             assert self.record is not None, "a Binding without a reservation"
             assert self.record.held, "a Binding on a reservation not admitted"
@@ -237,6 +244,60 @@ def test_a_lifetime_sets_the_pods_deadline_before_the_binding() -> None:
     gates.record.decision.expires_at = NOW + timedelta(hours=1)
     assert bind(gates) == ""
     assert gates.calls == ["get", "patch", "binding n1"]
+
+
+def test_an_admission_with_under_a_second_of_lifetime_left_binds_nothing() -> None:
+    # The API server's shortest deadline is 1 s: bound now, the pod would outlive it.
+    gates = admitted("n1")
+    assert gates.record is not None
+    gates.record.decision.expires_at = NOW + UNGATE_MARGIN / 2
+    assert "runs out" in bind(gates)
+    assert "nodeName" not in gates.pod["spec"]
+    assert not [call for call in gates.calls if call.startswith("binding n")]
+
+
+def test_an_admission_reclaimed_while_the_binding_is_retried_binds_nothing() -> None:
+    """As seed 9270 found for the gate path: a call retried for as long as the network
+    takes must not carry out an admission the ledger has let go meanwhile."""
+    gates = admitted("n1")
+    assert gates.record is not None
+    reclaimed = StatusDecision(Phase.RECLAIMED, Reason.EXPIRED, "ran out", NOW)
+
+    def reclaim() -> None:
+        assert gates.record is not None
+        gates.record.decision = reclaimed  # as the sweep does: the same record
+
+    gates.before_post = reclaim
+    assert "changed or runs out" in bind(gates)
+    assert gates.calls == ["get", "binding withdrawn"]
+    assert "nodeName" not in gates.pod["spec"]
+
+
+def test_pod_calls_check_the_condition_before_every_attempt_of_a_post() -> None:
+    tries: list[str] = []
+    still = [True]
+
+    class Flaky:
+        async def create(self, path: str, body: JSON) -> JSON:
+            tries.append(path)
+            still[0] = False  # the admission goes while this attempt gets no answer
+            raise ApiUnavailableError("connection refused")
+
+    calls = PodCalls(
+        State(Limits()),
+        Flaky(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        Clock(),  # type: ignore[arg-type]
+        reclaim=lambda record, reason, message: None,
+        may_act=lambda: True,
+        rng=random.Random(0),
+    )
+    post: Callable[[], Awaitable[JSON]] = lambda: calls.post(  # noqa: E731
+        "/api/v1/namespaces/team/pods/p/binding", {}, only_while=lambda: still[0]
+    )
+    with pytest.raises(WithdrawnError):
+        asyncio.run(post())
+    assert len(tries) == 1  # the retry was not sent
 
 
 def test_a_claim_edited_before_the_deadline_patch_is_not_bound_on_the_old_admission() -> None:

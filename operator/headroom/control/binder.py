@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,7 +50,7 @@ from headroom.api.constants import DEVICES_ANNOTATION, RESERVATION_ANNOTATION
 from headroom.api.parse import InvalidValueError
 from headroom.api.paths import pod_path
 from headroom.control.podactions import Known
-from headroom.control.podcalls import DeposedError
+from headroom.control.podcalls import DeposedError, WithdrawnError, runs_long_enough
 from headroom.control.state import PodKey, Record
 from headroom.kube.clock import Clock
 from headroom.kube.transport import JSON, ApiError, ApiUnavailableError
@@ -94,7 +94,9 @@ class BindGates(Protocol):
     async def make_for_bind(self, key: PodKey, pod: JSON, claim: PodClaim, node: str) -> bool: ...
     async def delete_reservation(self, key: PodKey, uid: str) -> None: ...
     async def patch_pod(self, key: PodKey, operations: list[JSON]) -> JSON: ...
-    async def post(self, path: str, body: JSON) -> JSON: ...
+    async def post(
+        self, path: str, body: JSON, *, only_while: Callable[[], bool] = ...
+    ) -> JSON: ...
 
 
 class Binder:
@@ -153,24 +155,31 @@ class Binder:
                 if attempt == _BINDING_ATTEMPTS - 1:
                     raise BindError(f"pod {key[0]}/{key[1]} changed while it was bound; again")
                 continue
-            if not self._still_admitted(key, call.uid, record):
-                raise BindError(f"the reservation of pod {key[0]}/{key[1]} changed; again")
             try:
-                await self._binding(key, pod, call.node, _told(record))
+                await self._binding(
+                    key, pod, call.node, _told(record),
+                    only_while=lambda: self._still_admitted(key, call.uid, record),
+                )  # fmt: skip
                 return
+            except WithdrawnError:
+                raise BindError(
+                    f"the reservation of pod {key[0]}/{key[1]} changed or runs out; again"
+                ) from None
             except ApiError as error:
                 if not error.conflict or attempt == _BINDING_ATTEMPTS - 1:
                     raise
 
     def _still_admitted(self, key: PodKey, uid: str, record: Record) -> bool:
-        """Whether ``record`` is still the pod's reservation's decision, Admitted (read
-        right before the Binding: nothing that awaited since may have replaced it)."""
+        """Whether ``record`` is still the pod's reservation's decision, Admitted, with
+        time to run (read right before each attempt at the Binding: nothing that awaited
+        since, a failed attempt's retry included, may have replaced or reclaimed it)."""
         known = self._gates.reservation_of(key)
         return (
             known is not None
             and known.uid == record.uid
             and self._gates.record_of(key, uid) is record
             and record.held
+            and runs_long_enough(record, self._clock.now())
         )
 
     async def _pod(self, key: PodKey, uid: str) -> JSON:
@@ -236,7 +245,15 @@ class Binder:
             ],
         )
 
-    async def _binding(self, key: PodKey, pod: JSON, node: str, told: dict[str, str]) -> None:
+    async def _binding(
+        self,
+        key: PodKey,
+        pod: JSON,
+        node: str,
+        told: dict[str, str],
+        *,
+        only_while: Callable[[], bool] = lambda: True,
+    ) -> None:
         meta = pod.get("metadata") or {}
         binding_meta: JSON = {
             "name": key[1],
@@ -252,7 +269,7 @@ class Binder:
             "metadata": binding_meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        await self._gates.post(pod_path(*key) + "/binding", body)
+        await self._gates.post(pod_path(*key) + "/binding", body, only_while=only_while)
         log.info("pod %s/%s bound to %s", *key, node)
 
 

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Literal
 
 from headroom.api.claims import pod_claim
@@ -52,9 +52,9 @@ from headroom.objects.pods import (
 
 log = logging.getLogger(__name__)
 _CREATE_TIMEOUT = 10.0  # seconds one create may hold the placement lock
-#: No ungate is sent with less of its reservation's lifetime left: the API server's
-#: shortest ``activeDeadlineSeconds`` is 1 s, so a pod let out later could not be made
-#: to end by then, and its reservation runs out while the patch is on its way.
+#: No ungate or Binding is sent with less of its reservation's lifetime left: the API
+#: server's shortest ``activeDeadlineSeconds`` is 1 s, so a pod let out later could not
+#: be made to end by then, and its reservation runs out while the call is on its way.
 UNGATE_MARGIN = timedelta(seconds=1)
 
 
@@ -66,8 +66,14 @@ class DeposedError(Exception):
     """This process may no longer act (it lost the Lease): stop, write nothing."""
 
 
-class _WithdrawnError(Exception):
-    """The admission an ungate was to carry out is no longer the ledger's: not sent."""
+class WithdrawnError(Exception):
+    """The admission a call was to carry out is no longer the ledger's: not sent."""
+
+
+def runs_long_enough(record: Record, now: datetime) -> bool:
+    """Whether ``record``'s lifetime, if it has one, has ``UNGATE_MARGIN`` still to run."""
+    expiry = record.decision.expires_at
+    return expiry is None or expiry - now >= UNGATE_MARGIN
 
 
 class PodCalls:
@@ -187,8 +193,18 @@ class PodCalls:
     async def patch_pod(self, key: PodKey, operations: list[JSON]) -> JSON:
         return await self._call(lambda: self._transport.json_patch(pod_path(*key), operations))
 
-    async def post(self, path: str, body: JSON) -> JSON:
-        return await self._call(lambda: self._transport.create(path, body))
+    async def post(
+        self, path: str, body: JSON, *, only_while: Callable[[], bool] = lambda: True
+    ) -> JSON:
+        """Create ``body`` at ``path``, retried; every attempt is made only while
+        ``only_while()`` holds, else :class:`WithdrawnError`."""
+
+        async def create() -> JSON:
+            if not only_while():
+                raise WithdrawnError
+            return await self._transport.create(path, body)
+
+        return await self._call(create)
 
     async def _reconcile(self, key: PodKey) -> None:
         raise NotImplementedError
@@ -273,7 +289,7 @@ class PodCalls:
         async def ungate() -> JSON:
             nonlocal left, operations
             if not self._admits(record):
-                raise _WithdrawnError
+                raise WithdrawnError
             if expiry is not None:  # its deadline as of this attempt
                 left = expiry - self._clock.now()
                 operations = ungate_patch(view, record.node, record.name, devices, time_left=left)
@@ -281,7 +297,7 @@ class PodCalls:
 
         try:
             pod = await self._call(ungate)
-        except _WithdrawnError:
+        except WithdrawnError:
             # Reclaimed meanwhile: the written decision brings the pod back (see
             # ``Gates.decided``). About to run out: the sweep reclaims it within a second or
             # two. Either way it is looked at again then, not at once.
@@ -314,8 +330,7 @@ class PodCalls:
         ``UNGATE_MARGIN`` of its lifetime (if it has one) still to run."""
         if self._state.records.get(record.uid) is not record or not record.held:
             return False
-        expiry = record.decision.expires_at
-        return expiry is None or expiry - self._clock.now() >= UNGATE_MARGIN
+        return runs_long_enough(record, self._clock.now())
 
     async def _fence(self, key: PodKey, seen: ClaimPod, record: Record) -> None:
         """Admitted for kube-scheduler's choice, and no Binding came in time: one write on
