@@ -108,6 +108,20 @@ def _clean_namespace(core: client.CoreV1Api, name: str) -> None:
     core.delete_namespace(name)
 
 
+E2E = ROOT / "tests" / "e2e"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``make test`` runs in several workers (pytest-xdist, ``--dist loadgroup``): the
+    end-to-end tests all in one, in file order, since the machine has one real node
+    and they share it (and ``make dev``'s and ``make cluster``'s directories); the rest
+    spread over the others, each worker with its own control plane. Most of a test's
+    time is waiting on the API server and the operator, so they overlap well."""
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.xdist_group("e2e"))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """A failed test shows the end of each operator's log it started: a CI run keeps
