@@ -111,6 +111,7 @@ def _clean_namespace(core: client.CoreV1Api, name: str) -> None:
 E2E = ROOT / "tests" / "e2e"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``make test`` runs in several workers (pytest-xdist, ``--dist loadgroup``): the
     end-to-end tests all in one, in file order, since the machine has one real node
