@@ -84,7 +84,7 @@ test-unit: venv ## Fast tests of the pure code; no cluster.
 
 .PHONY: test
 test: venv controlplane helm controllers node image prometheus verify ## Install what is missing, then run every test (unit, integration, e2e; TEST_WORKERS=3).
-	$(VENV)/bin/pytest tests -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 .PHONY: test-integration
 test-integration: venv controlplane helm controllers prometheus ## The tests on the real API server (no node, no image).
