@@ -9,6 +9,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export HEADROOM_BIN_DIR ?= $(HOME)/.cache/headroom/bin/current
 PYTEST_ARGS ?=
+# make test's workers: the end-to-end tests in one, the rest spread over the others
+# (tests/conftest.py); most of a test's time is waiting, not CPU.
+TEST_WORKERS ?= 3
 
 .PHONY: help
 help: ## Show this help.
@@ -80,8 +83,8 @@ test-unit: venv ## Fast tests of the pure code; no cluster.
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv controlplane helm controllers node image prometheus verify ## Install what is missing, then run every test (unit, integration, e2e).
-	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
+test: venv controlplane helm controllers node image prometheus verify ## Install what is missing, then run every test (unit, integration, e2e; TEST_WORKERS=3).
+	$(VENV)/bin/pytest tests -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 .PHONY: test-integration
 test-integration: venv controlplane helm controllers prometheus ## The tests on the real API server (no node, no image).

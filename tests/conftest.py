@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 from kubernetes import client
+from xdist.scheduler import LoadScopeScheduling
 
 from headroom_dev.apply import api_client as api_client_for
 from headroom_dev.apply import install_crds
@@ -106,6 +107,31 @@ def _clean_namespace(core: client.CoreV1Api, name: str) -> None:
     # be owner pods for an operator started by a later test.
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     core.delete_namespace(name)
+
+
+E2E_ID = "tests/e2e"  # node ids are relative to the root
+
+
+class EndToEndInOneWorker(LoadScopeScheduling):
+    """``make test``'s workers (pytest-xdist, ``-n``): every end-to-end test in one
+    worker, in file order, first, since the machine has one real node and they share
+    it (and ``make dev``'s and ``make cluster``'s directories); the rest spread over
+    the others a module at a time (a module's fixtures are set up once), each worker
+    with its own control plane. Most of a test's time is waiting on the API server
+    and the operator, so they overlap well. (xdist's own ``loadgroup`` no longer
+    groups with pytest 9: it renames items by a field pytest stopped reading.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        if nodeid.startswith(f"{E2E_ID}/"):
+            return E2E_ID
+        return super()._split_scope(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+    if config.getvalue("dist") not in ("load", "loadscope"):
+        return None  # a mode asked for by name (each, loadfile, ...): xdist's own
+    config.option.loadscopereorder = False  # collection order: tests/e2e comes first
+    return EndToEndInOneWorker(config, log)
 
 
 @pytest.hookimpl(wrapper=True)
