@@ -21,8 +21,6 @@ both steps at once (the seed's Reclaim).
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -33,6 +31,7 @@ from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
+from headroom.ledger.deadlines import Deadlines
 from headroom.ledger.decisions import (
     QUOTA_REASONS,
     QUOTA_WAITABLE,
@@ -56,9 +55,7 @@ class Ledger:
         self._limits = limits
         self._nodes: dict[str, NodeState] = {}
         self._entries: dict[str, Entry] = {}
-        self._deadlines: list[tuple[datetime, int, str]] = []
-        self._live: dict[str, int] = {}  # entry id -> sequence of its one live heap item
-        self._sequence = itertools.count()
+        self._deadlines = Deadlines(self._entries, self._nodes)  # (ledger.deadlines)
         self._reserved_mb = self._released_mb = self._reclaimed_mb = 0
         self._restored_mb = 0  # held again at a start, not admitted by this ledger
         self._failures: Counter[Reason] = Counter()
@@ -167,7 +164,7 @@ class Ledger:
         state.changed()
         if state.limits.heartbeat_stale_window < old_window:
             for entry in state.entries.values():  # deadlines moved earlier
-                self._schedule(entry)
+                self._deadlines.schedule(entry)
 
     def set_node_devices(self, node: str, devices: tuple[GpuDevice, ...] | None) -> None:
         """The node's GPU inventory changed (None: it has none, or it cannot be read).
@@ -234,7 +231,7 @@ class Ledger:
             state.changed()
             if state.limits.heartbeat_stale_window < old_window:
                 for entry in state.entries.values():
-                    self._schedule(entry)
+                    self._deadlines.schedule(entry)
         else:
             del self._nodes[node]
 
@@ -635,26 +632,12 @@ class Ledger:
             self._restored_mb += entry.ram_mb
         else:
             self._reserved_mb += entry.ram_mb
-        self._schedule(entry)
+        self._deadlines.schedule(entry)
         self._claimed(entry, +1)
-
-    def _schedule(self, entry: Entry, at: datetime | None = None) -> None:
-        if len(self._deadlines) > 2 * len(self._live) + 1024:
-            self._compact()
-        sequence = next(self._sequence)
-        self._live[entry.id] = sequence
-        if at is None:
-            at = entry.deadline(self._nodes[entry.node].limits.heartbeat_stale_window)
-        heapq.heappush(self._deadlines, (at, sequence, entry.id))
-
-    def _compact(self) -> None:
-        """Drop heap items of released entries (amortized O(1) per reserve)."""
-        self._deadlines = [item for item in self._deadlines if self._live.get(item[2]) == item[1]]
-        heapq.heapify(self._deadlines)
 
     def _remove(self, entry_id: str) -> Entry:
         entry = self._entries.pop(entry_id)
-        self._live.pop(entry_id, None)
+        self._deadlines.forget(entry_id)
         state = self._nodes[entry.node]
         state.remove(entry_id)
         self._quotas.remove(entry)
@@ -678,8 +661,8 @@ class Ledger:
             raise UnknownEntryError(entry_id)
         if at > entry.last_heartbeat:
             entry.last_heartbeat = at
-        if entry_id not in self._live:  # it was due: watch its deadline again
-            self._schedule(entry)
+        if entry_id not in self._deadlines:  # it was due: watch its deadline again
+            self._deadlines.schedule(entry)
         return entry
 
     # -- reclaim (seed: Reclaim, Reconcile) ----------------------------------------------------
@@ -690,32 +673,7 @@ class Ledger:
         Each is reported once: the caller then calls :meth:`reclaim_entry`, or spares
         it with :meth:`heartbeat` or :meth:`postpone`.
         """
-        found: list[Reclaimed] = []
-        not_yet: list[Entry] = []  # rescheduled after the loop, so the loop always ends
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            _, sequence, entry_id = heapq.heappop(heap)
-            if self._live.get(entry_id) != sequence:
-                continue  # released, rescheduled by a newer item, or already due
-            entry = self._entries[entry_id]
-            window = self._nodes[entry.node].limits.heartbeat_stale_window
-            if entry.is_expired(now):
-                reason = Reason.EXPIRED
-                message = f"expired at {entry.expires_at.isoformat() if entry.expires_at else ''}"
-            elif entry.is_stale(now, window):
-                reason = Reason.HEARTBEAT_STALE
-                message = (
-                    f"no heartbeat since {entry.last_heartbeat.isoformat()}, "
-                    f"window {int(window.total_seconds())}s"
-                )
-            else:
-                not_yet.append(entry)  # heartbeated since it was scheduled
-                continue
-            del self._live[entry_id]
-            found.append(Reclaimed(entry, reason, message))
-        for entry in not_yet:
-            self._schedule(entry)
-        return found
+        return self._deadlines.due(now)
 
     def reclaim_entry(self, entry_id: str) -> Entry:
         """Remove an entry reported by :meth:`due` (or any held entry) as reclaimed."""
@@ -730,7 +688,7 @@ class Ledger:
         entry = self._entries.get(entry_id)
         if entry is None:
             raise UnknownEntryError(entry_id)
-        self._schedule(entry, at=until)
+        self._deadlines.schedule(entry, at=until)
 
     def reclaim(self, now: datetime) -> list[Reclaimed]:
         """Remove every stale or expired entry (seed: Reclaim): :meth:`due`, then reclaimed."""
@@ -742,10 +700,8 @@ class Ledger:
     def next_deadline(self) -> datetime | None:
         """No entry can go stale or expire, and no wait run out, before this (it may be
         earlier than needed)."""
-        heap = self._deadlines
-        while heap and self._live.get(heap[0][2]) != heap[0][1]:
-            heapq.heappop(heap)
-        deadlines = [heap[0][0]] if heap else []
+        held = self._deadlines.earliest()
+        deadlines = [held] if held is not None else []
         if (waiting := self._waiting.next_deadline()) is not None:
             deadlines.append(waiting)
         return min(deadlines, default=None)
