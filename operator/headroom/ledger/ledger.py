@@ -47,6 +47,7 @@ from headroom.ledger.node import NodeState
 from headroom.ledger.podrequests import PodKey, PodRequests
 from headroom.ledger.queue import Waiting, WaitingView, WaitQueues
 from headroom.ledger.quotas import QuotaRules, Quotas, QuotaView, namespace_of
+from headroom.ledger.refusals import Refusals
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 
 
@@ -67,6 +68,9 @@ class Ledger:
         #: counted against their namespace's quotas until their own entry replaces them.
         self._running: dict[str, Entry] = {}
         self._quota_changes_seen = 0  # Quotas.changes when pods' waiters were last looked at
+        self._refusals = Refusals(  # (ledger.refusals)
+            self._entries, self._nodes, self._quotas, self._running, self._waiting
+        )
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
 
@@ -288,7 +292,7 @@ class Ledger:
 
     def reserve(self, entry: Entry, now: datetime) -> Decision:
         """Admit ``entry`` iff it fits (seed: Reserve). A refusal changes nothing but counters."""
-        refusal = self._refusal(entry, now)
+        refusal = self._refusals.of(entry, now)
         if refusal is not None:
             reason, message = refusal
             self._failures[reason] += 1
@@ -324,7 +328,7 @@ class Ledger:
         Under strict FIFO nothing goes ahead of a reservation already waiting on the
         node: a newcomer waits behind it (or, without a wait, is refused).
         """
-        refusal, for_room = self._admission_refusal(entry, now, strict)
+        refusal, for_room = self._refusals.admission(entry, now, strict)
         if refusal is None:
             return self.reserve(entry, now)
         reason, message = refusal
@@ -344,30 +348,6 @@ class Ledger:
         self._failures[reason] += 1
         return Decision(False, reason, message, entry)
 
-    def _admission_refusal(
-        self, entry: Entry, now: datetime, strict: bool
-    ) -> tuple[tuple[Reason, str] | None, int]:
-        """Why ``entry`` is refused now (waiters ahead under strict FIFO included), and how
-        many of those waiters wait for the node's room (not only for their quota's)."""
-        return self._behind_waiters(entry, self._refusal(entry, now), strict)
-
-    def _behind_waiters(
-        self, entry: Entry, refusal: tuple[Reason, str] | None, strict: bool
-    ) -> tuple[tuple[Reason, str] | None, int]:
-        for_room = for_quota = 0
-        if strict:
-            shares = partial(self._quotas.share, namespace_of(entry.id))
-            for_room, for_quota = self._waiting.ahead_of(entry, shares)
-        ahead = for_room + for_quota
-        # Waiters ahead make it wait too, unless it is refused for good: then it is
-        # refused at once (a wait would only run out).
-        if ahead and (refusal is None or refusal[0] in WAITABLE):
-            refusal = (
-                Reason.WAITERS_AHEAD,
-                f"node {entry.node}: {ahead} reservations wait ahead of this one (strict FIFO)",
-            )
-        return refusal, for_room
-
     def record(self, entry: Entry, now: datetime) -> Decision:
         """Account memory already in use: a pod the scheduler placed without asking.
 
@@ -376,7 +356,7 @@ class Ledger:
         so the node's summary shows the over-commitment instead of hiding it. What is
         wrong with the claim itself (a duplicate id, a bad size) is refused as usual.
         """
-        refusal = self._refusal(entry, now)
+        refusal = self._refusals.of(entry, now)
         if refusal is None:
             return self.reserve(entry, now)
         reason, message = refusal
@@ -420,17 +400,14 @@ class Ledger:
         """Why ``entry.node`` has no room for ``entry`` now (its entry cap, RAM, VRAM, and
         devices after what is held outside Headroom), or None; its quotas are not asked.
         A node the ledger does not know has no room."""
-        state = self._nodes.get(entry.node)
-        if state is None or not state.known:
-            return Reason.NODE_UNKNOWN, f"node {entry.node} is not known yet"
-        return state.room_refusal(entry)
+        return self._refusals.room(entry)
 
     def refusal(
         self, entry: Entry, now: datetime, *, strict: bool = False
     ) -> tuple[Reason, str] | None:
         """Why ``entry`` would be refused now, or None if it fits (no change, no counter);
         ``strict``: as :meth:`reserve_or_wait` under strict FIFO, waiters ahead refuse it."""
-        return self._admission_refusal(entry, now, strict)[0]
+        return self._refusals.admission(entry, now, strict)[0]
 
     def refusals(
         self, entry: Entry, nodes: Iterable[str], now: datetime, *, strict: bool = False
@@ -439,25 +416,7 @@ class Ledger:
         (``entry.node`` is left as it was). What does not depend on the node (the entry
         itself; its quotas and the lifetime they give, unless one has a nodeSelector) is
         worked out once: a scheduler's filter asks it of a thousand nodes per pod."""
-        home, out = entry.node, {}
-        before_node = self._entry_refusal(entry, now)
-        alike = self._quotas.node_independent(namespace_of(entry.id))
-        by_quota = self._quota_refusal(entry, now) if before_node is None and alike else None
-        try:
-            for node in nodes:
-                entry.node = node
-                state = self._nodes.get(node)
-                refusal = before_node
-                if refusal is None and (state is None or not state.known):
-                    refusal = _node_unknown(node)
-                elif refusal is None and state is not None:
-                    refusal = by_quota if alike else self._quota_refusal(entry, now)
-                    if refusal is None:
-                        refusal = state.room_refusal(entry)
-                out[node] = self._behind_waiters(entry, refusal, strict)[0]
-        finally:
-            entry.node = home
-        return out
+        return self._refusals.on_nodes(entry, nodes, now, strict)
 
     def admit_waiting(
         self,
@@ -488,7 +447,7 @@ class Ledger:
                     continue
                 if strict and oldest_undecided and oldest_undecided < waiting.key:
                     break  # an older one, not decided yet, goes first
-                refusal = self._refusal(entry, now)
+                refusal = self._refusals.of(entry, now)
                 if refusal is None:
                     self._waiting.remove(entry.id)
                     admitted.append(self.reserve(entry, now))
@@ -515,7 +474,7 @@ class Ledger:
         their quota (a later one used it up) rather than the node's room, and so hold
         back fewer under strict FIFO. Say so now, as a fresh look would."""
         for waiting in passed:
-            refusal = self._refusal(waiting.entry, now)
+            refusal = self._refusals.of(waiting.entry, now)
             if refusal is not None:
                 self._waiting.still_refused(
                     waiting.entry_id,
@@ -538,7 +497,7 @@ class Ledger:
                 continue
             else:
                 reason = Reason.WAIT_TIMEOUT
-                why = self._refusal(entry, now)  # NodeUnknown's words if the node is gone
+                why = self._refusals.of(entry, now)  # NodeUnknown's words if the node is gone
                 message = (
                     f"waited until {waiting.until.isoformat()} for room on node {entry.node}"
                     + (f": {why[1]}" if why else "")
@@ -566,57 +525,6 @@ class Ledger:
                     self._failures[refusal[0]] += 1
                     refused.append(Decision(False, refusal[0], refusal[1], entry))
         return refused
-
-    def _refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
-        refusal = self._entry_refusal(entry, now)
-        if refusal is not None:
-            return refusal
-        state = self._nodes.get(entry.node)
-        if state is None or not state.known:
-            return _node_unknown(entry.node)
-        refusal = self._quota_refusal(entry, now)
-        if refusal is not None:
-            return refusal
-        return state.room_refusal(entry)
-
-    def _entry_refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
-        """What is wrong with the entry wherever it goes: its size, its id, its expiry."""
-        if entry.ram_mb < 0 or entry.vram_mb < 0 or entry.ram_mb + entry.vram_mb == 0:
-            return Reason.INVALID_SPEC, (
-                f"ramMB {entry.ram_mb} and vramMB {entry.vram_mb}: at least one must be above 0 "
-                "and neither below 0"
-            )
-        if entry.id in self._entries:
-            return Reason.DUPLICATE_ID, f"reservation {entry.id} already holds an entry"
-        if entry.expires_at is not None and entry.expires_at <= now:
-            return Reason.ALREADY_EXPIRED, (
-                f"expiresAt {entry.expires_at.isoformat()} is not after now ({now.isoformat()})"
-            )
-        return None
-
-    def _quota_refusal(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
-        """Why its namespace's quotas refuse it, or the lifetime they give ran out. The
-        running claim it is to replace (:meth:`set_running_claim`) does not count."""
-        running = self._running.get(entry.id)
-        if running is not None:
-            self._quotas.remove(running)
-        try:
-            return self._quota_refusal_now(entry, now)
-        finally:
-            if running is not None:
-                self._quotas.add(running)
-
-    def _quota_refusal_now(self, entry: Entry, now: datetime) -> tuple[Reason, str] | None:
-        refused_by_quota = self._quotas.refusal(entry)
-        if refused_by_quota is not None:
-            return refused_by_quota
-        given = self._quotas.expiry(entry) if entry.expires_at is None else None
-        if given is not None and given <= now:
-            return Reason.ALREADY_EXPIRED, (
-                f"the lifetime its quota gives ran out at {given.isoformat()} "
-                f"(now {now.isoformat()})"
-            )
-        return None
 
     def _give_expiry(self, entry: Entry) -> None:
         """An entry admitted without an expiry lives as long as its quota gives."""
@@ -805,9 +713,3 @@ class Ledger:
 
 def _usage(entry: Entry | None) -> tuple[int, int] | None:
     return (entry.ram_mb, entry.vram_mb) if entry is not None else None
-
-
-def _node_unknown(node: str) -> tuple[Reason, str]:
-    return Reason.NODE_UNKNOWN, (
-        f"node {node}: capacity unknown (no such Node, or it reports no memory)"
-    )
