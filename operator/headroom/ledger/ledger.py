@@ -25,7 +25,6 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
-from functools import partial
 
 from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
@@ -33,7 +32,6 @@ from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
 from headroom.ledger.deadlines import Deadlines
 from headroom.ledger.decisions import (
-    QUOTA_REASONS,
     QUOTA_WAITABLE,
     WAITABLE,
     Decision,
@@ -45,10 +43,11 @@ from headroom.ledger.entry import Entry
 from headroom.ledger.external import ClaimKey, DraClaim, ExternalHoldings
 from headroom.ledger.node import NodeState
 from headroom.ledger.podrequests import PodKey, PodRequests
-from headroom.ledger.queue import Waiting, WaitingView, WaitQueues
-from headroom.ledger.quotas import QuotaRules, Quotas, QuotaView, namespace_of
+from headroom.ledger.queue import WaitingView, WaitQueues
+from headroom.ledger.quotas import QuotaRules, Quotas, QuotaView
 from headroom.ledger.refusals import Refusals
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
+from headroom.ledger.waiters import Waiters
 
 
 class Ledger:
@@ -67,10 +66,10 @@ class Ledger:
         #: Claims of pods that run without an entry here yet (entry id -> the claim):
         #: counted against their namespace's quotas until their own entry replaces them.
         self._running: dict[str, Entry] = {}
-        self._quota_changes_seen = 0  # Quotas.changes when pods' waiters were last looked at
         self._refusals = Refusals(  # (ledger.refusals)
             self._entries, self._nodes, self._quotas, self._running, self._waiting
         )
+        self._waiters = Waiters(self._waiting, self._quotas, self._refusals)  # (ledger.waiters)
 
     # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
 
@@ -242,11 +241,7 @@ class Ledger:
     def quota_waiters(self, namespace: str | None = None) -> set[str]:
         """Nodes whose waiters may fit now that ``namespace`` released memory, or (None) a
         quota or a namespace's labels changed: those waiting for a quota it shares."""
-        if not self._waiting.any_for_quota:
-            return set()
-        if namespace is None:
-            return self._waiting.for_quota()
-        return self._waiting.for_quota(partial(self._quotas.share, namespace))
+        return self._waiters.for_quota(namespace)
 
     @property
     def waiting(self) -> WaitingView:
@@ -258,8 +253,7 @@ class Ledger:
         """Put back in its node's queue, waiting until ``until``, a reservation that waited
         before a start (not decided again); its position there (1 is next). The lifetime
         its quota gives ends its wait as before the start, not its wait alone."""
-        given = self._quotas.expiry(entry) if entry.expires_at is None else None
-        return self._waiting.add(entry, until, for_quota=for_quota, expires=given)
+        return self._waiters.add(entry, until, for_quota=for_quota)
 
     def stop_waiting(self, entry_id: str) -> Entry | None:
         """The reservation waits no more (decided by its owner, or gone); its entry, if
@@ -333,14 +327,12 @@ class Ledger:
             return self.reserve(entry, now)
         reason, message = refusal
         if until is not None and until > now and reason in WAITABLE:
-            given = self._quotas.expiry(entry) if entry.expires_at is None else None
-            position = self._waiting.add(
+            position = self._waiters.add(
                 entry,
                 until,
                 # Refused by its quota, or waiting only behind others of its quota.
                 for_quota=reason in QUOTA_WAITABLE
                 or (reason == Reason.WAITERS_AHEAD and not for_room),
-                expires=given,
             )
             return Decision(
                 False, reason, f"{message}; waits until {until.isoformat()}", entry, position
@@ -432,98 +424,14 @@ class Ledger:
         reservation not decided yet (seen during an outage, say): under strict FIFO no
         waiter younger than it goes first; it is decided, in its turn, before them.
         """
-        admitted: list[Decision] = []
-        passed: list[Waiting] = []  # refused, left waiting, in a best-effort look
-        before_last_admission = 0  # how many of ``passed`` were passed before an admission
-        for node in sorted(set(nodes)):
-            oldest_undecided = (undecided or {}).get(node)
-            held_back: list[str] = []  # namespaces whose quota's head waits on this node
-            for waiting in self._waiting.on(node):
-                entry = waiting.entry
-                namespace = namespace_of(entry.id)
-                if any(self._quotas.share(namespace, head) for head in held_back):
-                    # Behind the head of its own quota: it waits for that quota too.
-                    self._waiting.still_refused(entry.id, for_quota=True)
-                    continue
-                if strict and oldest_undecided and oldest_undecided < waiting.key:
-                    break  # an older one, not decided yet, goes first
-                refusal = self._refusals.of(entry, now)
-                if refusal is None:
-                    self._waiting.remove(entry.id)
-                    admitted.append(self.reserve(entry, now))
-                    before_last_admission = len(passed)
-                    continue
-                # Refused by its quota (even for good, as it changed since), or found
-                # expired: it holds back no one on the node.
-                self._waiting.still_refused(
-                    entry.id,
-                    for_quota=refusal[0] in QUOTA_REASONS or refusal[0] == Reason.ALREADY_EXPIRED,
-                )
-                if not strict or refusal[0] == Reason.ALREADY_EXPIRED:
-                    passed.append(waiting)
-                    continue
-                if not waiting.for_quota:
-                    break  # the oldest blocks the ones behind it
-                # ... of its own quotas only: other tenants do not wait for that quota.
-                held_back.append(namespace)
-        self._why_still_waiting(passed[:before_last_admission], now)
-        return admitted
-
-    def _why_still_waiting(self, passed: list[Waiting], now: datetime) -> None:
-        """A best-effort look admitted later ones: those it passed may now be refused by
-        their quota (a later one used it up) rather than the node's room, and so hold
-        back fewer under strict FIFO. Say so now, as a fresh look would."""
-        for waiting in passed:
-            refusal = self._refusals.of(waiting.entry, now)
-            if refusal is not None:
-                self._waiting.still_refused(
-                    waiting.entry_id,
-                    for_quota=refusal[0] in QUOTA_REASONS or refusal[0] == Reason.ALREADY_EXPIRED,
-                )
+        return self._waiters.admit(now, nodes, self.reserve, strict=strict, undecided=undecided)
 
     def wait_over(self, now: datetime) -> list[Decision]:
-        """Waiting reservations whose wait, or hard expiry, ran out: refused now."""
-        refused = []
-        for waiting in self._waiting.due(now):
-            entry = waiting.entry
-            expiry = entry.expires_at or self._quotas.expiry(entry)  # its own, or its quota's
-            if expiry is not None and expiry <= now:
-                reason, message = (
-                    Reason.ALREADY_EXPIRED,
-                    f"expired at {expiry.isoformat()} while waiting for room",
-                )
-            elif waiting.until > now:  # its quota gives a longer lifetime now: waits on
-                self._waiting.add(entry, waiting.until, for_quota=waiting.for_quota, expires=expiry)
-                continue
-            else:
-                reason = Reason.WAIT_TIMEOUT
-                why = self._refusals.of(entry, now)  # NodeUnknown's words if the node is gone
-                message = (
-                    f"waited until {waiting.until.isoformat()} for room on node {entry.node}"
-                    + (f": {why[1]}" if why else "")
-                )
-            self._failures[reason] += 1
-            refused.append(Decision(False, reason, message, entry))
-        if self._quotas.changes != self._quota_changes_seen:
-            self._quota_changes_seen = self._quotas.changes
-            refused.extend(self._pods_refused_for_good())
-        return refused
-
-    def _pods_refused_for_good(self) -> list[Decision]:
-        """Gated pods' reservations that wait, but that their quotas now refuse for good
-        (changed since they queued: a nodeSelector without their node, a maxWait under
-        their wait): refused now, so the operator places the pod again or says why,
-        rather than leave it gated for its whole wait (24 h by default) for what cannot
-        come. Other waiters wait on: their owners chose the node and the wait."""
-        refused = []
-        for node in self._waiting.nodes():
-            for waiting in self._waiting.on(node):
-                entry = waiting.entry
-                refusal = self._quotas.final_refusal(entry) if entry.pod_lifetime else None
-                if refusal is not None:
-                    self._waiting.remove(entry.id)
-                    self._failures[refusal[0]] += 1
-                    refused.append(Decision(False, refusal[0], refusal[1], entry))
+        """Waiting reservations whose wait, or hard expiry, ran out: refused now; and gated
+        pods' ones that their quotas, changed since, refuse for good (:meth:`Waiters.over`)."""
+        refused = self._waiters.over(now)
+        for decision in refused:
+            self._failures[decision.reason] += 1
         return refused
 
     def _give_expiry(self, entry: Entry) -> None:
