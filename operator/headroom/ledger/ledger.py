@@ -46,6 +46,7 @@ from headroom.ledger.podrequests import PodKey, PodRequests
 from headroom.ledger.queue import WaitingView, WaitQueues
 from headroom.ledger.quotas import QuotaRules, Quotas, QuotaView
 from headroom.ledger.refusals import Refusals
+from headroom.ledger.restore import over_committed
 from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
 from headroom.ledger.waiters import Waiters
 
@@ -538,23 +539,7 @@ class Ledger:
                 continue
             self._add(self._node(entry.node), entry, restored=True)
             touched.add(entry.node)
-        over: list[Entry] = []
-        for node in touched:
-            state = self._nodes[node]
-            if state.devices is not None:
-                state.place_unassigned()
-                crowded = {o.device_id for o in state.over_committed_devices()}
-                over.extend(e for e in state.entries.values() if crowded.intersection(e.devices))
-            limit, vram_limit = state.limit_ram_mb(), state.limit_vram_mb()
-            ram = vram = 0
-            for entry in sorted(state.entries.values(), key=lambda e: (e.created_at, e.id)):
-                ram, vram = ram + entry.ram_mb, vram + entry.vram_mb
-                if (limit is not None and ram > limit) or (
-                    vram_limit is not None and vram > vram_limit
-                ):
-                    over.append(entry)
-        unique = {entry.id: entry for entry in over}
-        return RestoreResult(sorted(unique.values(), key=lambda e: (e.created_at, e.id)))
+        return over_committed(self._nodes[node] for node in touched)
 
     @classmethod
     def rebuild(
