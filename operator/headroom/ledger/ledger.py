@@ -30,6 +30,7 @@ from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
+from headroom.ledger.cluster import Cluster
 from headroom.ledger.deadlines import Deadlines
 from headroom.ledger.decisions import (
     QUOTA_WAITABLE,
@@ -40,9 +41,9 @@ from headroom.ledger.decisions import (
     UnknownEntryError,
 )
 from headroom.ledger.entry import Entry
-from headroom.ledger.external import ClaimKey, DraClaim, ExternalHoldings
+from headroom.ledger.external import ClaimKey, DraClaim
 from headroom.ledger.node import NodeState
-from headroom.ledger.podrequests import PodKey, PodRequests
+from headroom.ledger.podrequests import PodKey
 from headroom.ledger.queue import WaitingView, WaitQueues
 from headroom.ledger.quotas import QuotaRules, Quotas, QuotaView
 from headroom.ledger.refusals import Refusals
@@ -54,15 +55,14 @@ from headroom.ledger.waiters import Waiters
 class Ledger:
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
-        self._nodes: dict[str, NodeState] = {}
+        self._cluster = Cluster(limits)  # the nodes, and what else holds them (ledger.cluster)
+        self._nodes = self._cluster.nodes
         self._entries: dict[str, Entry] = {}
         self._deadlines = Deadlines(self._entries, self._nodes)  # (ledger.deadlines)
         self._reserved_mb = self._released_mb = self._reclaimed_mb = 0
         self._restored_mb = 0  # held again at a start, not admitted by this ledger
         self._failures: Counter[Reason] = Counter()
         self._waiting = WaitQueues()
-        self._pod_requests = PodRequests()
-        self._external = ExternalHoldings()  # GPUs held outside Headroom (ledger.external)
         self._quotas = Quotas()
         #: Claims of pods that run without an entry here yet (entry id -> the claim):
         #: counted against their namespace's quotas until their own entry replaces them.
@@ -72,40 +72,22 @@ class Ledger:
         )
         self._waiters = Waiters(self._waiting, self._quotas, self._refusals)  # (ledger.waiters)
 
-    # -- nodes (seed: SetNodeCapacity) ---------------------------------------------------
-
-    def _node(self, name: str) -> NodeState:
-        state = self._nodes.get(name)
-        if state is None:
-            state = self._nodes[name] = NodeState(name, self._limits, external=self._external)
-            state.pod_requests_mb = self._pod_requests.on(name)
-        return state
-
-    # -- pods placed by the scheduler (headroom.ledger.podrequests) ------------------------
+    # -- nodes, and what holds them besides the ledger (headroom.ledger.cluster) ---------
 
     def set_pod_request(self, key: PodKey, node: str, request_mb: int) -> set[str]:
         """A pod bound to ``node`` requests ``request_mb``; the nodes whose limit moved."""
-        return self._apply(self._pod_requests.set_pod(key, node, request_mb))
+        return self._cluster.set_pod_request(key, node, request_mb)
 
     def remove_pod_request(self, key: PodKey) -> set[str]:
-        return self._apply(self._pod_requests.remove_pod(key))
-
-    def _apply(self, nodes: set[str]) -> set[str]:
-        for node in nodes:
-            state = self._nodes.get(node)
-            if state is not None:
-                state.pod_requests_mb = self._pod_requests.on(node)
-        return nodes
-
-    # -- GPUs held outside Headroom (headroom.ledger.external) ----------------------------
+        return self._cluster.remove_pod_request(key)
 
     def set_resource_claim(self, key: ClaimKey, claim: DraClaim | None) -> set[str]:
         """A DRA ResourceClaim's allocation (None: deallocated or gone); the nodes it moved."""
-        return self._touch(self._external.set_claim(key, claim))
+        return self._cluster.set_resource_claim(key, claim)
 
     def set_device_plugin_pod(self, key: PodKey, node: str | None, gpus: int) -> set[str]:
         """A pod bound to ``node`` holds ``gpus`` device-plugin GPUs (None or 0: none)."""
-        return self._touch(self._external.set_pod(key, node, gpus))
+        return self._cluster.set_device_plugin_pod(key, node, gpus)
 
     def set_running_claim(self, entry_id: str, claim: Entry | None) -> bool:
         """A pod runs on a claim the ledger holds no entry ``entry_id`` for yet (its
@@ -130,28 +112,15 @@ class Ledger:
 
     def bound_pods(self) -> int:
         """How many pods the scheduler bound count here with their memory requests."""
-        return len(self._pod_requests)
+        return self._cluster.bound_pods()
 
     def pods_with_gpus(self) -> int:
         """How many pods hold device-plugin GPUs."""
-        return self._external.pods_with_gpus()
+        return self._cluster.pods_with_gpus()
 
     def claims_allocated(self) -> int:
         """How many DRA ResourceClaims hold devices."""
-        return self._external.claims_allocated()
-
-    def _touch(self, nodes: set[str]) -> set[str]:
-        for node in nodes:
-            state = self._nodes.get(node)
-            if state is not None:
-                state.changed()
-        return nodes
-
-    def _claimed(self, entry: Entry, sign: int) -> None:
-        if entry.owner.pod:
-            namespace = entry.id.split("/", 1)[0]
-            key = (namespace, entry.owner.pod)
-            self._apply(self._pod_requests.claim(key, entry.node, sign * entry.ram_mb))
+        return self._cluster.claims_allocated()
 
     def set_node_capacity(
         self,
@@ -161,14 +130,8 @@ class Ledger:
         limits: Limits | None = None,
     ) -> None:
         """Node added or resized. Never evicts: a shrink below reserved is over-commitment."""
-        state = self._node(node)
-        old_window = state.limits.heartbeat_stale_window
-        state.total_ram_mb, state.vram_mb = total_ram_mb, vram_mb
-        state.limits = limits or self._limits
-        state.changed()
-        if state.limits.heartbeat_stale_window < old_window:
-            for entry in state.entries.values():  # deadlines moved earlier
-                self._deadlines.schedule(entry)
+        for entry in self._cluster.set_capacity(node, total_ram_mb, vram_mb, limits):
+            self._deadlines.schedule(entry)  # its deadline moved earlier
 
     def set_node_devices(self, node: str, devices: tuple[GpuDevice, ...] | None) -> None:
         """The node's GPU inventory changed (None: it has none, or it cannot be read).
@@ -179,8 +142,7 @@ class Ledger:
         the node had an inventory, or before the upgrade that brought devices) are
         placed now, oldest first, so that new claims see them.
         """
-        self._external.set_devices(node, devices)
-        self._node(node).set_devices(devices)
+        self._cluster.set_devices(node, devices)
 
     def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
         """The Node's labels, for the quotas' nodeSelectors (None: the Node is gone)."""
@@ -224,20 +186,8 @@ class Ledger:
         Per-node limits go with the Node object they came from; the entries left
         behind fall back to the defaults (as they would after a restart).
         """
-        state = self._nodes.get(node)
-        if state is None:
-            return
-        self._external.set_devices(node, None)
-        if state.entries:
-            old_window = state.limits.heartbeat_stale_window
-            state.total_ram_mb = state.vram_mb = state.devices = None
-            state.limits = self._limits
-            state.changed()
-            if state.limits.heartbeat_stale_window < old_window:
-                for entry in state.entries.values():
-                    self._deadlines.schedule(entry)
-        else:
-            del self._nodes[node]
+        for entry in self._cluster.remove(node):
+            self._deadlines.schedule(entry)  # its deadline moved earlier
 
     def quota_waiters(self, namespace: str | None = None) -> set[str]:
         """Nodes whose waiters may fit now that ``namespace`` released memory, or (None) a
@@ -292,7 +242,7 @@ class Ledger:
             reason, message = refusal
             self._failures[reason] += 1
             return Decision(False, reason, message, entry)
-        state = self._node(entry.node)
+        state = self._cluster.node(entry.node)
         chosen = state.choose(entry) if state.on_devices(entry) else {}
         assert isinstance(chosen, dict), "a claim that fits has devices"
         entry.devices = chosen
@@ -366,7 +316,7 @@ class Ledger:
         ):
             self._failures[reason] += 1
             return Decision(False, reason, message, entry)
-        state = self._node(entry.node)
+        state = self._cluster.node(entry.node)
         entry.devices = state.forced_assignment(entry) if state.on_devices(entry) else {}
         self._give_expiry(entry)
         self._add(state, entry)
@@ -450,7 +400,7 @@ class Ledger:
         else:
             self._reserved_mb += entry.ram_mb
         self._deadlines.schedule(entry)
-        self._claimed(entry, +1)
+        self._cluster.claimed(entry, +1)
 
     def _remove(self, entry_id: str) -> Entry:
         entry = self._entries.pop(entry_id)
@@ -458,7 +408,7 @@ class Ledger:
         state = self._nodes[entry.node]
         state.remove(entry_id)
         self._quotas.remove(entry)
-        self._claimed(entry, -1)
+        self._cluster.claimed(entry, -1)
         if not state.entries and not state.known:
             del self._nodes[entry.node]
         return entry
@@ -537,7 +487,7 @@ class Ledger:
         for entry in sorted(entries, key=lambda e: (e.created_at, e.id)):
             if entry.id in self._entries:
                 continue
-            self._add(self._node(entry.node), entry, restored=True)
+            self._add(self._cluster.node(entry.node), entry, restored=True)
             touched.add(entry.node)
         return over_committed(self._nodes[node] for node in touched)
 
