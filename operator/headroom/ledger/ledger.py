@@ -31,17 +31,16 @@ from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
 from headroom.ledger.cluster import Cluster
-from headroom.ledger.deadlines import Deadlines
 from headroom.ledger.decisions import (
     QUOTA_WAITABLE,
     WAITABLE,
     Decision,
     Reclaimed,
     RestoreResult,
-    UnknownEntryError,
 )
 from headroom.ledger.entry import Entry
 from headroom.ledger.external import ClaimKey, DraClaim
+from headroom.ledger.holdings import Holdings
 from headroom.ledger.node import NodeState
 from headroom.ledger.podrequests import PodKey
 from headroom.ledger.queue import WaitingView, WaitQueues
@@ -57,16 +56,13 @@ class Ledger:
         self._limits = limits
         self._cluster = Cluster(limits)  # the nodes, and what else holds them (ledger.cluster)
         self._nodes = self._cluster.nodes
-        self._entries: dict[str, Entry] = {}
-        self._deadlines = Deadlines(self._entries, self._nodes)  # (ledger.deadlines)
-        self._reserved_mb = self._released_mb = self._reclaimed_mb = 0
-        self._restored_mb = 0  # held again at a start, not admitted by this ledger
+        self._quotas = Quotas()
+        self._holdings = Holdings(self._cluster, self._quotas)  # what it holds (ledger.holdings)
+        self._entries = self._holdings.entries
+        self._deadlines = self._holdings.deadlines
+        self._running = self._holdings.running
         self._failures: Counter[Reason] = Counter()
         self._waiting = WaitQueues()
-        self._quotas = Quotas()
-        #: Claims of pods that run without an entry here yet (entry id -> the claim):
-        #: counted against their namespace's quotas until their own entry replaces them.
-        self._running: dict[str, Entry] = {}
         self._refusals = Refusals(  # (ledger.refusals)
             self._entries, self._nodes, self._quotas, self._running, self._waiting
         )
@@ -90,21 +86,10 @@ class Ledger:
         return self._cluster.set_device_plugin_pod(key, node, gpus)
 
     def set_running_claim(self, entry_id: str, claim: Entry | None) -> bool:
-        """A pod runs on a claim the ledger holds no entry ``entry_id`` for yet (its
-        reservation not made or not decided: a webhook missed it, the operator was
-        down): counted against its namespace's quotas, so that nothing is admitted into
-        room the pod already uses, until that entry replaces it (:meth:`record`) or
-        ``claim`` is None (it ended, went, or its reservation was decided). Never
-        counted against its own entry's decision. Whether its namespace's usage moved."""
-        if claim is not None and entry_id in self._entries:
-            claim = None  # its entry is held: that counts it
-        before = self._running.pop(entry_id, None)
-        if before is not None:
-            self._quotas.remove(before)
-        if claim is not None:
-            self._running[entry_id] = claim
-            self._quotas.add(claim)
-        return _usage(before) != _usage(claim)
+        """A pod runs on a claim the ledger holds no entry ``entry_id`` for yet, counted
+        against its quotas until that entry replaces it (:meth:`Holdings.set_running_claim`)
+        or ``claim`` is None; whether its namespace's usage moved."""
+        return self._holdings.set_running_claim(entry_id, claim)
 
     def running_claims(self) -> int:
         """How many running pods' claims count against quotas without an entry."""
@@ -251,7 +236,7 @@ class Ledger:
         # (a replaced reservation whose deletion is not seen yet), which would otherwise be
         # refused DuplicateID at every pass over the queue.
         self._waiting.remove(entry.id)
-        self._add(state, entry)
+        self._holdings.add(state, entry)
         limit = state.limit_ram_mb()
         message = (
             f"node {entry.node}: reserved {entry.ram_mb} MiB RAM"
@@ -319,7 +304,7 @@ class Ledger:
         state = self._cluster.node(entry.node)
         entry.devices = state.forced_assignment(entry) if state.on_devices(entry) else {}
         self._give_expiry(entry)
-        self._add(state, entry)
+        self._holdings.add(state, entry)
         return Decision(
             True, Reason.OVER_COMMITTED, f"already running there, over the limit: {message}", entry
         )
@@ -390,47 +375,13 @@ class Ledger:
         if entry.expires_at is None:
             entry.expires_at = entry.given_expiry = self._quotas.expiry(entry)
 
-    def _add(self, state: NodeState, entry: Entry, *, restored: bool = False) -> None:
-        self.set_running_claim(entry.id, None)  # its entry counts it from now on
-        state.add(entry)
-        self._quotas.add(entry)
-        self._entries[entry.id] = entry
-        if restored:
-            self._restored_mb += entry.ram_mb
-        else:
-            self._reserved_mb += entry.ram_mb
-        self._deadlines.schedule(entry)
-        self._cluster.claimed(entry, +1)
-
-    def _remove(self, entry_id: str) -> Entry:
-        entry = self._entries.pop(entry_id)
-        self._deadlines.forget(entry_id)
-        state = self._nodes[entry.node]
-        state.remove(entry_id)
-        self._quotas.remove(entry)
-        self._cluster.claimed(entry, -1)
-        if not state.entries and not state.known:
-            del self._nodes[entry.node]
-        return entry
-
     def release(self, entry_id: str) -> Entry:
         """Return an entry's capacity (seed: Release). UnknownEntryError changes nothing."""
-        if entry_id not in self._entries:
-            raise UnknownEntryError(entry_id)
-        entry = self._remove(entry_id)
-        self._released_mb += entry.ram_mb
-        return entry
+        return self._holdings.release(entry_id)
 
     def heartbeat(self, entry_id: str, at: datetime) -> Entry:
         """Refresh liveness (seed: Heartbeat); never moves it backwards."""
-        entry = self._entries.get(entry_id)
-        if entry is None:
-            raise UnknownEntryError(entry_id)
-        if at > entry.last_heartbeat:
-            entry.last_heartbeat = at
-        if entry_id not in self._deadlines:  # it was due: watch its deadline again
-            self._deadlines.schedule(entry)
-        return entry
+        return self._holdings.heartbeat(entry_id, at)
 
     # -- reclaim (seed: Reclaim, Reconcile) ----------------------------------------------------
 
@@ -444,18 +395,11 @@ class Ledger:
 
     def reclaim_entry(self, entry_id: str) -> Entry:
         """Remove an entry reported by :meth:`due` (or any held entry) as reclaimed."""
-        if entry_id not in self._entries:
-            raise UnknownEntryError(entry_id)
-        entry = self._remove(entry_id)
-        self._reclaimed_mb += entry.ram_mb
-        return entry
+        return self._holdings.reclaim(entry_id)
 
     def postpone(self, entry_id: str, until: datetime) -> None:
         """Look at a due entry again at ``until`` (its owner could not be checked now)."""
-        entry = self._entries.get(entry_id)
-        if entry is None:
-            raise UnknownEntryError(entry_id)
-        self._deadlines.schedule(entry, at=until)
+        self._holdings.postpone(entry_id, until)
 
     def reclaim(self, now: datetime) -> list[Reclaimed]:
         """Remove every stale or expired entry (seed: Reclaim): :meth:`due`, then reclaimed."""
@@ -487,7 +431,7 @@ class Ledger:
         for entry in sorted(entries, key=lambda e: (e.created_at, e.id)):
             if entry.id in self._entries:
                 continue
-            self._add(self._cluster.node(entry.node), entry, restored=True)
+            self._holdings.add(self._cluster.node(entry.node), entry, restored=True)
             touched.add(entry.node)
         return over_committed(self._nodes[node] for node in touched)
 
@@ -542,17 +486,4 @@ class Ledger:
         )
 
     def metrics(self) -> Metrics:
-        return Metrics(
-            reserved_mb=self._reserved_mb,
-            released_mb=self._released_mb,
-            reclaimed_mb=self._reclaimed_mb,
-            restored_mb=self._restored_mb,
-            reserve_failures=sum(self._failures.values()),
-            active_entries=len(self._entries),
-            active_mb=sum(s.reserved_ram_mb for s in self._nodes.values()),
-            failures_by_reason=dict(self._failures),
-        )
-
-
-def _usage(entry: Entry | None) -> tuple[int, int] | None:
-    return (entry.ram_mb, entry.vram_mb) if entry is not None else None
+        return self._holdings.metrics(self._failures)
