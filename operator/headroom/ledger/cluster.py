@@ -58,12 +58,24 @@ class Cluster:
         return ()
 
     def set_devices(self, node: str, devices: tuple[GpuDevice, ...] | None) -> None:
-        """:meth:`Ledger.set_node_devices`."""
+        """The node's GPU inventory changed (None: it has none, or it cannot be read).
+
+        Never moves an assignment: what admitted claims hold stays on its device ids,
+        and a device gone or shrunk shows in :meth:`NodeState.over_committed_devices`.
+        Entries that hold VRAM per device but were admitted without an assignment
+        (before the node had an inventory, or before the upgrade that brought devices)
+        are placed now, oldest first, so that new claims see them.
+        """
         self._external.set_devices(node, devices)
         self.node(node).set_devices(devices)
 
     def remove(self, node: str) -> Iterable[Entry]:
-        """:meth:`Ledger.remove_node`; the entries whose deadlines moved earlier."""
+        """Capacity becomes unknown; the entries whose deadlines moved earlier. Held
+        entries stay until released or reclaimed.
+
+        Per-node limits go with the Node object they came from; the entries left
+        behind fall back to the defaults (as they would after a restart).
+        """
         state = self.nodes.get(node)
         if state is None:
             return ()

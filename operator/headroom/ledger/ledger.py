@@ -30,14 +30,9 @@ from headroom.api.gpus import GpuDevice
 from headroom.api.limits import Limits
 from headroom.api.reasons import Reason
 from headroom.ledger import devices as device_math
+from headroom.ledger.admission import Admission
 from headroom.ledger.cluster import Cluster
-from headroom.ledger.decisions import (
-    QUOTA_WAITABLE,
-    WAITABLE,
-    Decision,
-    Reclaimed,
-    RestoreResult,
-)
+from headroom.ledger.decisions import Decision, Reclaimed, RestoreResult
 from headroom.ledger.entry import Entry
 from headroom.ledger.external import ClaimKey, DraClaim
 from headroom.ledger.holdings import Holdings
@@ -67,6 +62,15 @@ class Ledger:
             self._entries, self._nodes, self._quotas, self._running, self._waiting
         )
         self._waiters = Waiters(self._waiting, self._quotas, self._refusals)  # (ledger.waiters)
+        self._admission = Admission(  # (ledger.admission)
+            self._cluster,
+            self._holdings,
+            self._quotas,
+            self._refusals,
+            self._waiting,
+            self._waiters,
+            self._failures,
+        )
 
     # -- nodes, and what holds them besides the ledger (headroom.ledger.cluster) ---------
 
@@ -119,14 +123,8 @@ class Ledger:
             self._deadlines.schedule(entry)  # its deadline moved earlier
 
     def set_node_devices(self, node: str, devices: tuple[GpuDevice, ...] | None) -> None:
-        """The node's GPU inventory changed (None: it has none, or it cannot be read).
-
-        Never moves an assignment: what admitted claims hold stays on its device ids,
-        and a device gone or shrunk shows in :meth:`over_committed_devices`. Entries
-        that hold VRAM per device but were admitted without an assignment (before
-        the node had an inventory, or before the upgrade that brought devices) are
-        placed now, oldest first, so that new claims see them.
-        """
+        """The node's GPU inventory changed (None: it has none, or it cannot be read);
+        assignments never move (:meth:`Cluster.set_devices`)."""
         self._cluster.set_devices(node, devices)
 
     def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
@@ -166,11 +164,8 @@ class Ledger:
         return state.over_committed_devices() if state is not None else []
 
     def remove_node(self, node: str) -> None:
-        """Capacity becomes unknown. Active entries stay until released or reclaimed.
-
-        Per-node limits go with the Node object they came from; the entries left
-        behind fall back to the defaults (as they would after a restart).
-        """
+        """Capacity becomes unknown; held entries stay, under the default limits, until
+        released or reclaimed (:meth:`Cluster.remove`)."""
         for entry in self._cluster.remove(node):
             self._deadlines.schedule(entry)  # its deadline moved earlier
 
@@ -222,92 +217,20 @@ class Ledger:
 
     def reserve(self, entry: Entry, now: datetime) -> Decision:
         """Admit ``entry`` iff it fits (seed: Reserve). A refusal changes nothing but counters."""
-        refusal = self._refusals.of(entry, now)
-        if refusal is not None:
-            reason, message = refusal
-            self._failures[reason] += 1
-            return Decision(False, reason, message, entry)
-        state = self._cluster.node(entry.node)
-        chosen = state.choose(entry) if state.on_devices(entry) else {}
-        assert isinstance(chosen, dict), "a claim that fits has devices"
-        entry.devices = chosen
-        self._give_expiry(entry)
-        # Admitted under its id, it waits no more: nor does a predecessor of the same name
-        # (a replaced reservation whose deletion is not seen yet), which would otherwise be
-        # refused DuplicateID at every pass over the queue.
-        self._waiting.remove(entry.id)
-        self._holdings.add(state, entry)
-        limit = state.limit_ram_mb()
-        message = (
-            f"node {entry.node}: reserved {entry.ram_mb} MiB RAM"
-            + (f" and {entry.vram_mb} MiB VRAM" if entry.vram_mb else "")
-            + (f" on {device_math.describe(chosen)}" if chosen else "")
-            + (
-                f"; {limit - state.reserved_ram_mb} MiB still allocatable"
-                if limit is not None
-                else "; RAM not limited on this node"
-            )
-        )
-        return Decision(True, Reason.FITS, message, entry)
+        return self._admission.reserve(entry, now)
 
     def reserve_or_wait(
         self, entry: Entry, now: datetime, until: datetime | None, *, strict: bool = False
     ) -> Decision:
         """Admit ``entry`` if it fits; else, if it may wait until ``until``, queue it.
-
-        Under strict FIFO nothing goes ahead of a reservation already waiting on the
-        node: a newcomer waits behind it (or, without a wait, is refused).
-        """
-        refusal, for_room = self._refusals.admission(entry, now, strict)
-        if refusal is None:
-            return self.reserve(entry, now)
-        reason, message = refusal
-        if until is not None and until > now and reason in WAITABLE:
-            position = self._waiters.add(
-                entry,
-                until,
-                # Refused by its quota, or waiting only behind others of its quota.
-                for_quota=reason in QUOTA_WAITABLE
-                or (reason == Reason.WAITERS_AHEAD and not for_room),
-            )
-            return Decision(
-                False, reason, f"{message}; waits until {until.isoformat()}", entry, position
-            )
-        self._failures[reason] += 1
-        return Decision(False, reason, message, entry)
+        Under strict FIFO a newcomer waits behind those waiting on the node (or, without
+        a wait, is refused)."""
+        return self._admission.reserve_or_wait(entry, now, until, strict)
 
     def record(self, entry: Entry, now: datetime) -> Decision:
-        """Account memory already in use: a pod the scheduler placed without asking.
-
-        Never refused for room (the pod runs there whatever the ledger says): admitted
-        with reason Fits when it fits, OverCommitted with the numbers when it does not,
-        so the node's summary shows the over-commitment instead of hiding it. What is
-        wrong with the claim itself (a duplicate id, a bad size) is refused as usual.
-        """
-        refusal = self._refusals.of(entry, now)
-        if refusal is None:
-            return self.reserve(entry, now)
-        reason, message = refusal
-        if reason not in (
-            Reason.INSUFFICIENT_RAM,
-            Reason.INSUFFICIENT_VRAM,
-            Reason.TOO_MANY_ENTRIES,
-            Reason.ALREADY_EXPIRED,
-            Reason.NODE_UNKNOWN,
-            *QUOTA_WAITABLE,
-            Reason.NODE_NOT_ALLOWED,
-            Reason.LIFETIME_TOO_LONG,
-            Reason.WAIT_TOO_LONG,
-        ):
-            self._failures[reason] += 1
-            return Decision(False, reason, message, entry)
-        state = self._cluster.node(entry.node)
-        entry.devices = state.forced_assignment(entry) if state.on_devices(entry) else {}
-        self._give_expiry(entry)
-        self._holdings.add(state, entry)
-        return Decision(
-            True, Reason.OVER_COMMITTED, f"already running there, over the limit: {message}", entry
-        )
+        """Account memory already in use: a pod the scheduler placed without asking; never
+        refused for room, but held over the limit (:meth:`Admission.record`)."""
+        return self._admission.record(entry, now)
 
     def could_hold(self, entry: Entry) -> bool:
         """Whether ``entry.node`` would have room for ``entry`` once its other claims
@@ -354,12 +277,8 @@ class Ledger:
         strict: bool = False,
         undecided: Mapping[str, tuple[datetime, str]] | None = None,
     ) -> list[Decision]:
-        """Admit, in order, what waits on ``nodes`` and fits now (room may have appeared).
-
-        ``undecided`` gives, per node, the creation key (time, id) of the oldest
-        reservation not decided yet (seen during an outage, say): under strict FIFO no
-        waiter younger than it goes first; it is decided, in its turn, before them.
-        """
+        """Admit, in order, what waits on ``nodes`` and fits now (room may have appeared);
+        under strict FIFO none younger than ``undecided`` (:meth:`Waiters.admit`)."""
         return self._waiters.admit(now, nodes, self.reserve, strict=strict, undecided=undecided)
 
     def wait_over(self, now: datetime) -> list[Decision]:
@@ -369,11 +288,6 @@ class Ledger:
         for decision in refused:
             self._failures[decision.reason] += 1
         return refused
-
-    def _give_expiry(self, entry: Entry) -> None:
-        """An entry admitted without an expiry lives as long as its quota gives."""
-        if entry.expires_at is None:
-            entry.expires_at = entry.given_expiry = self._quotas.expiry(entry)
 
     def release(self, entry_id: str) -> Entry:
         """Return an entry's capacity (seed: Release). UnknownEntryError changes nothing."""
@@ -386,11 +300,8 @@ class Ledger:
     # -- reclaim (seed: Reclaim, Reconcile) ----------------------------------------------------
 
     def due(self, now: datetime) -> list[Reclaimed]:
-        """Entries stale or expired at ``now``, still held (expiry wins when both apply).
-
-        Each is reported once: the caller then calls :meth:`reclaim_entry`, or spares
-        it with :meth:`heartbeat` or :meth:`postpone`.
-        """
+        """Entries stale or expired at ``now``, still held, each reported once: the caller
+        then calls :meth:`reclaim_entry`, or spares it (:meth:`heartbeat`, :meth:`postpone`)."""
         return self._deadlines.due(now)
 
     def reclaim_entry(self, entry_id: str) -> Entry:

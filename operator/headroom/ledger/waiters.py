@@ -65,7 +65,12 @@ class Waiters:
         undecided: Mapping[str, tuple[datetime, str]] | None,
     ) -> list[Decision]:
         """Take out of the queues of ``nodes``, in order, each waiter that fits now and
-        admit it by ``reserve`` before the next is looked at (:meth:`Ledger.admit_waiting`)."""
+        admit it by ``reserve`` before the next is looked at (:meth:`Ledger.admit_waiting`).
+
+        ``undecided`` gives, per node, the creation key (time, id) of the oldest
+        reservation not decided yet (seen during an outage, say): under strict FIFO no
+        waiter younger than it goes first; it is decided, in its turn, before them.
+        """
         admitted: list[Decision] = []
         passed: list[Waiting] = []  # refused, left waiting, in a best-effort look
         before_last_admission = 0  # how many of ``passed`` were passed before an admission
