@@ -4,19 +4,17 @@ No I/O and no clock: every method that needs the time takes ``now``. The
 operator owns the only instance and calls it from one thread, so there are no
 locks; callers serialize.
 
-Costs: reserve, release and heartbeat touch one entry and one node's running
-totals. Reclaim pops a heap of deadlines (one item per entry); a heartbeat does
-not touch the heap — a popped item whose entry has since heartbeated is pushed
-back at its new deadline — so reclaim costs O(log n) per entry it examines, and
-it only examines entries whose recorded deadline has passed.
+``Ledger`` is the whole of what the operator calls, and the place where its parts
+are wired: each part gets the others' state it reads, and nothing else. The
+nodes and what holds them besides the ledger are ``cluster``; the held entries
+and where each counts, ``holdings``, with their reclaim ``deadlines``; why a
+claim is refused, ``refusals``; deciding it, ``admission``; what waits,
+``queue`` and ``waiters``; HeadroomQuotas, ``quotas``; a restart, ``restore``.
 
-Reclaiming is two steps for the operator: :meth:`Ledger.due` reports entries whose
-deadline passed but keeps holding them, so that the operator can confirm against
-the API that the owner is really silent before it gives the capacity away (a
-heartbeat it missed must not cost a live reservation); then it either
-:meth:`reclaim_entry` or spares it (:meth:`heartbeat`, :meth:`postpone`). An entry
-that is due has no live heap item, so it is reported once. :meth:`reclaim` does
-both steps at once (the seed's Reclaim).
+Costs: reserve, release and heartbeat touch one entry and one node's running
+totals; reclaim costs O(log n) per entry whose recorded deadline has passed, and
+reclaiming is two steps for the operator (:meth:`Ledger.due`, then
+:meth:`Ledger.reclaim_entry` or a reprieve), both in ``deadlines``.
 """
 
 from __future__ import annotations
@@ -42,7 +40,14 @@ from headroom.ledger.queue import WaitingView, WaitQueues
 from headroom.ledger.quotas import QuotaRules, Quotas, QuotaView
 from headroom.ledger.refusals import Refusals
 from headroom.ledger.restore import over_committed
-from headroom.ledger.summary import ClusterSummary, Metrics, NodeSummary, allocatable, summarize
+from headroom.ledger.summary import (
+    ClusterSummary,
+    Metrics,
+    NodeSummary,
+    allocatable,
+    cluster_summary,
+    summarize,
+)
 from headroom.ledger.waiters import Waiters
 
 
@@ -72,7 +77,33 @@ class Ledger:
             self._failures,
         )
 
-    # -- nodes, and what holds them besides the ledger (headroom.ledger.cluster) ---------
+    # -- nodes, and what holds them besides the ledger (ledger.cluster) --------------------
+
+    def set_node_capacity(
+        self,
+        node: str,
+        total_ram_mb: int,
+        vram_mb: int | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        """Node added or resized. Never evicts: a shrink below reserved is over-commitment."""
+        for entry in self._cluster.set_capacity(node, total_ram_mb, vram_mb, limits):
+            self._deadlines.schedule(entry)  # its deadline moved earlier
+
+    def set_node_devices(self, node: str, devices: tuple[GpuDevice, ...] | None) -> None:
+        """The node's GPU inventory changed (None: it has none, or it cannot be read);
+        assignments never move (:meth:`Cluster.set_devices`)."""
+        self._cluster.set_devices(node, devices)
+
+    def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
+        """The Node's labels, for the quotas' nodeSelectors (None: the Node is gone)."""
+        self._quotas.set_node_labels(node, labels)
+
+    def remove_node(self, node: str) -> None:
+        """Capacity becomes unknown; held entries stay, under the default limits, until
+        released or reclaimed (:meth:`Cluster.remove`)."""
+        for entry in self._cluster.remove(node):
+            self._deadlines.schedule(entry)  # its deadline moved earlier
 
     def set_pod_request(self, key: PodKey, node: str, request_mb: int) -> set[str]:
         """A pod bound to ``node`` requests ``request_mb``; the nodes whose limit moved."""
@@ -111,27 +142,34 @@ class Ledger:
         """How many DRA ResourceClaims hold devices."""
         return self._cluster.claims_allocated()
 
-    def set_node_capacity(
-        self,
-        node: str,
-        total_ram_mb: int,
-        vram_mb: int | None = None,
-        limits: Limits | None = None,
-    ) -> None:
-        """Node added or resized. Never evicts: a shrink below reserved is over-commitment."""
-        for entry in self._cluster.set_capacity(node, total_ram_mb, vram_mb, limits):
-            self._deadlines.schedule(entry)  # its deadline moved earlier
+    def knows(self, node: str) -> bool:
+        """Whether the node's capacity is known, so that admission can be decided on it."""
+        state = self._nodes.get(node)
+        return state is not None and state.known
 
-    def set_node_devices(self, node: str, devices: tuple[GpuDevice, ...] | None) -> None:
-        """The node's GPU inventory changed (None: it has none, or it cannot be read);
-        assignments never move (:meth:`Cluster.set_devices`)."""
-        self._cluster.set_devices(node, devices)
+    def capacity(self, node: str) -> tuple[int | None, int | None]:
+        """The node's total RAM and VRAM in MiB (None: unknown)."""
+        state = self._nodes.get(node)
+        return (state.total_ram_mb, state.vram_mb) if state is not None else (None, None)
 
-    def set_node_labels(self, node: str, labels: Mapping[str, str] | None) -> None:
-        """The Node's labels, for the quotas' nodeSelectors (None: the Node is gone)."""
-        self._quotas.set_node_labels(node, labels)
+    @property
+    def limits(self) -> Limits:
+        """The default limits: a node's own, if any, are :meth:`limits_for` it."""
+        return self._limits
 
-    # -- quotas (headroom.ledger.quotas) ------------------------------------------------------
+    def limits_for(self, node: str) -> Limits:
+        state = self._nodes.get(node)
+        return state.limits if state is not None else self._limits
+
+    def nodes(self) -> list[str]:
+        return list(self._nodes)
+
+    def over_committed_devices(self, node: str) -> list[device_math.OverCommit]:
+        """Devices of ``node`` holding more than their limit, or gone while held."""
+        state = self._nodes.get(node)
+        return state.over_committed_devices() if state is not None else []
+
+    # -- quotas (ledger.quotas) ------------------------------------------------------------
 
     @property
     def quotas(self) -> QuotaView:
@@ -158,62 +196,7 @@ class Ledger:
         """Whether a namespace no quota selects may hold nothing (else: no limit)."""
         self._quotas.deny_unselected = deny
 
-    def over_committed_devices(self, node: str) -> list[device_math.OverCommit]:
-        """Devices of ``node`` holding more than their limit, or gone while held."""
-        state = self._nodes.get(node)
-        return state.over_committed_devices() if state is not None else []
-
-    def remove_node(self, node: str) -> None:
-        """Capacity becomes unknown; held entries stay, under the default limits, until
-        released or reclaimed (:meth:`Cluster.remove`)."""
-        for entry in self._cluster.remove(node):
-            self._deadlines.schedule(entry)  # its deadline moved earlier
-
-    def quota_waiters(self, namespace: str | None = None) -> set[str]:
-        """Nodes whose waiters may fit now that ``namespace`` released memory, or (None) a
-        quota or a namespace's labels changed: those waiting for a quota it shares."""
-        return self._waiters.for_quota(namespace)
-
-    @property
-    def waiting(self) -> WaitingView:
-        """What waits for room, read-only: :meth:`reserve_or_wait`, :meth:`requeue`,
-        :meth:`stop_waiting` and the ledger's own decisions change it."""
-        return self._waiting
-
-    def requeue(self, entry: Entry, until: datetime, *, for_quota: bool = False) -> int:
-        """Put back in its node's queue, waiting until ``until``, a reservation that waited
-        before a start (not decided again); its position there (1 is next). The lifetime
-        its quota gives ends its wait as before the start, not its wait alone."""
-        return self._waiters.add(entry, until, for_quota=for_quota)
-
-    def stop_waiting(self, entry_id: str) -> Entry | None:
-        """The reservation waits no more (decided by its owner, or gone); its entry, if
-        it waited."""
-        return self._waiting.remove(entry_id)
-
-    def knows(self, node: str) -> bool:
-        """Whether the node's capacity is known, so that admission can be decided on it."""
-        state = self._nodes.get(node)
-        return state is not None and state.known
-
-    def capacity(self, node: str) -> tuple[int | None, int | None]:
-        """The node's total RAM and VRAM in MiB (None: unknown)."""
-        state = self._nodes.get(node)
-        return (state.total_ram_mb, state.vram_mb) if state is not None else (None, None)
-
-    @property
-    def limits(self) -> Limits:
-        """The default limits: a node's own, if any, are :meth:`limits_for` it."""
-        return self._limits
-
-    def limits_for(self, node: str) -> Limits:
-        state = self._nodes.get(node)
-        return state.limits if state is not None else self._limits
-
-    def nodes(self) -> list[str]:
-        return list(self._nodes)
-
-    # -- reserve / release / heartbeat -----------------------------------------------------
+    # -- decisions (seed: Reserve; ledger.admission, ledger.refusals) ----------------------
 
     def reserve(self, entry: Entry, now: datetime) -> Decision:
         """Admit ``entry`` iff it fits (seed: Reserve). A refusal changes nothing but counters."""
@@ -269,6 +252,30 @@ class Ledger:
         worked out once: a scheduler's filter asks it of a thousand nodes per pod."""
         return self._refusals.on_nodes(entry, nodes, now, strict)
 
+    # -- waiting for room (ledger.queue, ledger.waiters) -----------------------------------
+
+    @property
+    def waiting(self) -> WaitingView:
+        """What waits for room, read-only: :meth:`reserve_or_wait`, :meth:`requeue`,
+        :meth:`stop_waiting` and the ledger's own decisions change it."""
+        return self._waiting
+
+    def quota_waiters(self, namespace: str | None = None) -> set[str]:
+        """Nodes whose waiters may fit now that ``namespace`` released memory, or (None) a
+        quota or a namespace's labels changed: those waiting for a quota it shares."""
+        return self._waiters.for_quota(namespace)
+
+    def requeue(self, entry: Entry, until: datetime, *, for_quota: bool = False) -> int:
+        """Put back in its node's queue, waiting until ``until``, a reservation that waited
+        before a start (not decided again); its position there (1 is next). The lifetime
+        its quota gives ends its wait as before the start, not its wait alone."""
+        return self._waiters.add(entry, until, for_quota=for_quota)
+
+    def stop_waiting(self, entry_id: str) -> Entry | None:
+        """The reservation waits no more (decided by its owner, or gone); its entry, if
+        it waited."""
+        return self._waiting.remove(entry_id)
+
     def admit_waiting(
         self,
         now: datetime,
@@ -289,6 +296,8 @@ class Ledger:
             self._failures[decision.reason] += 1
         return refused
 
+    # -- release, heartbeat, reclaim (ledger.holdings, ledger.deadlines) -------------------
+
     def release(self, entry_id: str) -> Entry:
         """Return an entry's capacity (seed: Release). UnknownEntryError changes nothing."""
         return self._holdings.release(entry_id)
@@ -296,8 +305,6 @@ class Ledger:
     def heartbeat(self, entry_id: str, at: datetime) -> Entry:
         """Refresh liveness (seed: Heartbeat); never moves it backwards."""
         return self._holdings.heartbeat(entry_id, at)
-
-    # -- reclaim (seed: Reclaim, Reconcile) ----------------------------------------------------
 
     def due(self, now: datetime) -> list[Reclaimed]:
         """Entries stale or expired at ``now``, still held, each reported once: the caller
@@ -328,7 +335,7 @@ class Ledger:
             deadlines.append(waiting)
         return min(deadlines, default=None)
 
-    # -- start-up ------------------------------------------------------------------------------
+    # -- start-up (ledger.restore) ---------------------------------------------------------
 
     def restore(self, entries: Iterable[Entry]) -> RestoreResult:
         """Put back entries admitted before a restart, without re-deciding them.
@@ -359,7 +366,7 @@ class Ledger:
             ledger.set_node_capacity(name, total, vram, node_limits)
         return ledger, ledger.restore(entries)
 
-    # -- queries (seed: AllocatableRAM, NodeSummaryFor, Summary, Entries, Metrics) --------------
+    # -- queries (seed: AllocatableRAM, NodeSummaryFor, Summary, Entries, Metrics) ---------
 
     def get(self, entry_id: str) -> Entry | None:
         return self._entries.get(entry_id)
@@ -388,13 +395,7 @@ class Ledger:
 
     def summary(self, now: datetime) -> ClusterSummary:
         nodes = [self.node_summary(name, now) for name in sorted(self._nodes)]
-        return ClusterSummary(
-            nodes=nodes,
-            total_reserved_mb=sum(n.reserved_ram_mb for n in nodes),
-            total_vram_mb=sum(n.reserved_vram_mb for n in nodes),
-            active_entries=len(self._entries),
-            stale_entries=sum(n.stale_entries for n in nodes),
-        )
+        return cluster_summary(nodes, len(self._entries))
 
     def metrics(self) -> Metrics:
         return self._holdings.metrics(self._failures)
