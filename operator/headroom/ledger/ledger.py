@@ -4,8 +4,8 @@ No I/O and no clock: every method that needs the time takes ``now``. The
 operator owns the only instance and calls it from one thread, so there are no
 locks; callers serialize.
 
-``Ledger`` is the whole of what the operator calls, and the place where its parts
-are wired: each part gets the others' state it reads, and nothing else. The
+``Ledger`` is the one object the operator owns and calls, and the place where its
+parts are wired: each part gets the others' state it reads, and nothing else. The
 nodes and what holds them besides the ledger are ``cluster``; the held entries
 and where each counts, ``holdings``, with their reclaim ``deadlines``; why a
 claim is refused, ``refusals``; deciding it, ``admission``; what waits,
