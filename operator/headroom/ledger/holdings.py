@@ -1,6 +1,6 @@
 """What the ledger holds, and where each held entry counts: the accounting of admissions.
 
-Deciding whether an entry may be held is the ledger's; once it is, it counts in
+Deciding whether an entry may be held is ``admission``'s; once held, it counts in
 several places at once, and they must move together or the ledger lies: on its
 node (``NodeState``), against its namespace's quotas, against its owner pod's
 memory request on that node (``Cluster.claimed``), and in the reclaim deadlines.
@@ -29,8 +29,9 @@ from headroom.ledger.summary import Metrics
 
 
 class Holdings:
-    """The held ``entries`` (by id) on the ``cluster``'s nodes, under ``quotas``, and the
-    pods' ``running`` claims; the ledger reads both mappings, and changes them here."""
+    """The held ``entries`` (by id) on the ``cluster``'s nodes, under ``quotas``, their
+    ``deadlines``, and the pods' ``running`` claims; the ledger reads the mappings and
+    asks the deadlines what is due, and changes them all here."""
 
     def __init__(self, cluster: Cluster, quotas: Quotas) -> None:
         self._cluster = cluster
