@@ -219,9 +219,9 @@ class LedgerMachine(RuleBasedStateMachine):
             assert not self._over(decision.entry.node), "a waiting one pushed its node over"
         for node in nodes:
             queue = self.ledger.waiting.on(node)
-            fits = [w for w in queue if self.ledger._refusal(w.entry, self.now) is None]
+            fits = [w for w in queue if self.ledger.refusal(w.entry, self.now) is None]
             if strict:  # the head blocks; nothing behind it went ahead of it
-                assert not queue or self.ledger._refusal(queue[0].entry, self.now) is not None
+                assert not queue or self.ledger.refusal(queue[0].entry, self.now) is not None
             else:  # nothing that fits is left waiting
                 assert fits == []
 

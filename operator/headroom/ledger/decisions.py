@@ -1,7 +1,8 @@
 """What the ledger answers: decisions, reclaims and restore results (plain values).
 
-Kept apart from the arithmetic in ``ledger.py`` so that callers and tests can name
-the answers without the machinery that computes them.
+Kept apart from the modules that compute them (``admission``, ``waiters``,
+``deadlines``, ``restore``) so that callers and tests can name the answers without
+the machinery.
 """
 
 from __future__ import annotations

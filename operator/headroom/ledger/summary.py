@@ -79,6 +79,17 @@ class Metrics:
     restored_mb: int = 0
 
 
+def cluster_summary(nodes: list[NodeSummary], active_entries: int) -> ClusterSummary:
+    """The cluster's totals over its nodes' summaries."""
+    return ClusterSummary(
+        nodes=nodes,
+        total_reserved_mb=sum(n.reserved_ram_mb for n in nodes),
+        total_vram_mb=sum(n.reserved_vram_mb for n in nodes),
+        active_entries=active_entries,
+        stale_entries=sum(n.stale_entries for n in nodes),
+    )
+
+
 def allocatable(state: NodeState) -> int:
     """RAM still reservable: 0 when unknown, clamped at 0 when over-committed.
 
