@@ -43,6 +43,43 @@ def test_a_longer_quota_lifetime_keeps_a_waiter_waiting() -> None:
     assert "a/late" in book.waiting
 
 
+def test_a_shorter_quota_lifetime_ends_a_wait_when_it_runs_out() -> None:
+    """Seed 11374: a gated pod's reservation waited for room under a quota giving 37 s;
+    the admin lowered it to 14 s. Its wait kept the deadline the 37 s gave, so it stayed
+    Queued (and first in the strict queue) 23 s past its lifetime, while the one behind
+    it was admitted past it: refused at 14 s now, before anything behind it goes."""
+    book = ledger(total=5120)  # limit 4096
+    _under_quota(book, default_lifetime=timedelta(seconds=37))
+    assert book.reserve(entry("other/holder", 4096), T0).admitted
+    head = book.reserve_or_wait(entry("a/head", 512), T0, LATER, strict=True)
+    assert (head.queued, head.reason) == (True, Reason.INSUFFICIENT_RAM)
+    four = T0 + timedelta(seconds=4)
+    behind = book.reserve_or_wait(entry("a/behind", 256, at=four), four, LATER, strict=True)
+    assert (behind.queued, behind.reason) == (True, Reason.WAITERS_AHEAD)
+    _under_quota(book, default_lifetime=timedelta(seconds=14))
+    assert book.waiting.next_deadline() == T0 + timedelta(seconds=14)
+    assert book.wait_over(T0 + timedelta(seconds=13)) == []
+    [refused] = book.wait_over(T0 + timedelta(seconds=14))
+    assert (refused.entry.id, refused.reason) == ("a/head", Reason.ALREADY_EXPIRED)
+    assert refused.message.startswith(f"expired at {(T0 + timedelta(seconds=14)).isoformat()}")
+    assert book.waiting.on("n1")[0].entry_id == "a/behind"
+    book.release("other/holder")
+    [admitted] = book.admit_waiting(T0 + timedelta(seconds=15), ["n1"], strict=True)
+    assert admitted.entry.id == "a/behind"
+    assert len(book.waiting) == 0
+
+
+def test_a_namespace_relabelled_under_a_shorter_lifetime_ends_its_wait_then() -> None:
+    book = ledger(total=5120)
+    _under_quota(book, default_lifetime=timedelta(seconds=14))
+    assert book.reserve(entry("team/holder", 4096), T0).admitted  # "team": no quota yet
+    assert book.reserve_or_wait(entry("solo/late", 512), T0, LATER).queued
+    assert book.waiting.next_deadline() == LATER
+    assert book.set_namespace("solo", {"team": "t"})  # now under the quota's 14 s
+    [refused] = book.wait_over(T0 + timedelta(seconds=14))
+    assert (refused.entry.id, refused.reason) == ("solo/late", Reason.ALREADY_EXPIRED)
+
+
 def test_strict_fifo_a_quota_waiter_holds_back_its_own_quota_only() -> None:
     book = ledger(total=9216)  # limit 8192
     _under_quota(book, ram_mb=2048)

@@ -230,6 +230,7 @@ class Controller:
         signals.capacity_changed.connect(self.gates.nodes_changed)
         signals.capacity_changed.connect(self.reclaimer.nearer_deadline)  # a shorter window
         signals.rules_changed.connect(self.gates.nodes_changed)
+        signals.rules_changed.connect(self.reclaimer.nearer_deadline)  # a shorter lifetime
         signals.slices_changed.connect(self.nodes.refresh)
         signals.reservation_gone.connect(self.reconciler.forget)
         signals.decision_confirmed.connect(self.reconciler.confirmed)

@@ -179,18 +179,34 @@ class Ledger:
     def set_quota(self, rules: QuotaRules) -> None:
         """A HeadroomQuota created or changed (:meth:`Quotas.set_quota`)."""
         self._quotas.set_quota(rules)
+        self._lifetimes_changed()
 
     def remove_quota(self, name: str) -> bool:
         """A HeadroomQuota deleted, or unusable; whether it was there."""
-        return self._quotas.remove_quota(name)
+        removed = self._quotas.remove_quota(name)
+        if removed:
+            self._lifetimes_changed()
+        return removed
 
     def set_namespace(self, namespace: str, labels: Mapping[str, str]) -> bool:
         """A Namespace seen with these labels; whether what governs it changed."""
-        return self._quotas.set_namespace(namespace, labels)
+        changed = self._quotas.set_namespace(namespace, labels)
+        if changed:
+            self._lifetimes_changed()
+        return changed
 
     def remove_namespace(self, namespace: str) -> None:
         """The Namespace is gone (:meth:`Quotas.remove_namespace`)."""
         self._quotas.remove_namespace(namespace)
+        self._lifetimes_changed()
+
+    def _lifetimes_changed(self) -> None:
+        """What governs some namespace changed, so may the lifetime its quotas give: what
+        waits without an expiry of its own is refused ``AlreadyExpired`` when the lifetime
+        they give now runs out (:meth:`wait_over`), not when the one they gave when it
+        began waiting would have."""
+        if len(self._waiting):
+            self._waiting.set_deadlines(self._quotas.expiry)
 
     def set_deny_unselected(self, deny: bool) -> None:
         """Whether a namespace no quota selects may hold nothing (else: no limit)."""

@@ -200,6 +200,19 @@ class WaitQueues:
                 found.append(waiting)
         return found
 
+    def set_deadlines(self, expiry: Callable[[Entry], datetime | None]) -> None:
+        """The lifetimes quotas give changed: each wait ends at ``expiry`` (an entry's
+        own, else the one its quotas give now) or its ``until``, whichever comes first.
+        A deadline left as the old lifetime set it would keep a reservation waiting, and
+        ahead of others, past the end of a lifetime shortened since."""
+        deadlines = []
+        for waiting in self._by_id.values():
+            ends = expiry(waiting.entry)
+            deadline = min(waiting.until, ends) if ends else waiting.until
+            deadlines.append((deadline, waiting.sequence, waiting.entry_id))
+        heapq.heapify(deadlines)
+        self._deadlines = deadlines
+
     def next_deadline(self) -> datetime | None:
         heap = self._deadlines
         while heap:
