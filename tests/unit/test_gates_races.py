@@ -91,6 +91,21 @@ async def deliver_reservations(server: FakeApiServer, controller: Controller) ->
             controller.reservations.on_event("MODIFIED", reservation)
 
 
+def claim_pod(*gates: str, **annotations: str) -> JSON:
+    """The body of a claiming pod ``p`` of 512Mi, behind ``gates``, with more annotations."""
+    return {
+        "metadata": {
+            "name": "p",
+            "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
+            "annotations": {RAM_ANNOTATION: "512Mi", **annotations},
+        },
+        "spec": {
+            "containers": [{"name": "main", "image": "sim"}],
+            "schedulingGates": [{"name": gate} for gate in gates],
+        },
+    }
+
+
 def bound_pod(server: FakeApiServer, node: str, ram: str = "512Mi", request: str = "") -> JSON:
     """A claiming pod the webhook missed (no gate), bound by the scheduler."""
     container: JSON = {"name": "main", "image": "sim"}
@@ -175,18 +190,7 @@ def test_an_ungate_made_from_a_stale_view_is_made_again_not_taken_for_a_refusal(
         server = FakeApiServer(seed=5)
         server.ensure_namespace(NS)
         server.put_node("n1", memory=8192)
-        body = {
-            "metadata": {
-                "name": "p",
-                "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
-                "annotations": {RAM_ANNOTATION: "512Mi"},
-            },
-            "spec": {
-                "containers": [{"name": "main", "image": "sim"}],
-                "schedulingGates": [{"name": FOREIGN}, {"name": SCHEDULING_GATE}],
-            },
-        }
-        server.create(PODS, body)
+        server.create(PODS, claim_pod(FOREIGN, SCHEDULING_GATE))
         controller = start(server)
         await controller.start()  # sees both gates: our gate is at index 1
         # The quota controller lifts its gate; the claim watch has not said so yet.
@@ -388,18 +392,7 @@ def test_an_ungate_retried_past_its_reservations_lifetime_is_not_sent() -> None:
         server.put_node("n1", memory=8192)
         name = {"kubernetes.io/metadata.name": NS}
         server.create(QUOTAS, hq.quota("q", name, defaultLifetime="5s"))
-        body = {
-            "metadata": {
-                "name": "p",
-                "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
-                "annotations": {RAM_ANNOTATION: "512Mi"},
-            },
-            "spec": {
-                "containers": [{"name": "main", "image": "sim"}],
-                "schedulingGates": [{"name": SCHEDULING_GATE}],
-            },
-        }
-        server.create(PODS, body)
+        server.create(PODS, claim_pod(SCHEDULING_GATE))
         # What the reservation said when the pod left the gate (uid, phase, reason).
         let_out: list[tuple[str, str, str]] = []
 
@@ -464,18 +457,7 @@ def test_an_admission_with_under_a_second_of_lifetime_left_lets_nothing_out() ->
         name = {"kubernetes.io/metadata.name": NS}
         server.create(QUOTAS, hq.quota("q", name, defaultLifetime="5s"))
         server.create_reservation("other", "filler", "n1", 3072)  # no quota: no lifetime
-        body = {
-            "metadata": {
-                "name": "p",
-                "labels": {CLAIM_LABEL: "true", OWNER_LABEL: "true"},
-                "annotations": {RAM_ANNOTATION: "512Mi", WAIT_ANNOTATION: "1m"},
-            },
-            "spec": {
-                "containers": [{"name": "main", "image": "sim"}],
-                "schedulingGates": [{"name": SCHEDULING_GATE}],
-            },
-        }
-        server.create(PODS, body)
+        server.create(PODS, claim_pod(SCHEDULING_GATE, **{WAIT_ANNOTATION: "1m"}))
         let_out: list[tuple[str, str]] = []  # the reservation's uid and phase then
         sent: list[float] = []  # when a patch of the pod (an ungate) was sent
 
