@@ -49,6 +49,26 @@ def test_a_hold_takes_the_room_and_counts_for_the_namespace_until_given_back() -
     asyncio.run(scenario())
 
 
+def test_a_hold_moves_none_of_the_counters_its_reservations_decision_moves() -> None:
+    """The create's own decision counts its MiB once: the hold given back before it,
+    and a hold that did not fit, are neither reserved, released nor a failure."""
+
+    async def scenario() -> None:
+        state = _state()
+        holds = ProvisionalHolds(state, lifetime=60, room_freed=lambda: None)
+        assert holds.take("uid-1", _claim("a", 6_000), NOW)
+        assert not holds.take("uid-2", _claim("b", 6_000), NOW)
+        during = state.ledger.metrics()
+        assert (during.reserved_mb, during.reserve_failures) == (0, 0)
+        assert (during.active_entries, during.active_mb) == (1, 6_000), "it holds room"
+        holds.give_back("uid-1")
+        assert state.ledger.reserve(_claim("a", 6_000), NOW).admitted
+        after = state.ledger.metrics()
+        assert (after.reserved_mb, after.released_mb, after.reserve_failures) == (6_000, 0, 0)
+
+    asyncio.run(scenario())
+
+
 def test_a_hold_no_create_came_for_runs_out() -> None:
     async def scenario() -> None:
         state = _state()

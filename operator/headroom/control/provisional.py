@@ -86,6 +86,7 @@ class ProvisionalHolds:
             pod_lifetime=True,  # never stale: it ends by decision or by lifetime
             expires_at=None,
             wait_until=None,
+            provisional=True,  # the reservation's own decision is what the counters count
         )
         if not self._state.ledger.reserve(stand_in, now).admitted:
             return False

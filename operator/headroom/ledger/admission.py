@@ -66,7 +66,8 @@ class Admission:
         refusal = self._refusals.of(entry, now)
         if refusal is not None:
             reason, message = refusal
-            self._failures[reason] += 1
+            if not entry.provisional:
+                self._failures[reason] += 1
             return Decision(False, reason, message, entry)
         state = self._cluster.node(entry.node)
         chosen = state.choose(entry) if state.on_devices(entry) else {}

@@ -44,6 +44,10 @@ class Entry:
     devices: dict[str, int] = field(default_factory=dict)
     #: The expiry its namespace's quota gave it (spec.expiresAt absent; status.expiresAt).
     given_expiry: datetime | None = None
+    #: A create's room held while it is reviewed (a strict namespace's outlook): it counts
+    #: for the node and the quotas as any entry, but in none of the process's counters
+    #: (reserved, released, failures): its reservation's own decision is what they count.
+    provisional: bool = False
 
     def is_expired(self, now: datetime) -> bool:
         """The entry has a hard expiry and it has passed."""

@@ -54,7 +54,7 @@ class Holdings:
         self.entries[entry.id] = entry
         if restored:
             self._restored_mb += entry.ram_mb
-        else:
+        elif not entry.provisional:
             self._reserved_mb += entry.ram_mb
         self.deadlines.schedule(entry)
         self._cluster.claimed(entry, +1)
@@ -64,7 +64,8 @@ class Holdings:
         if entry_id not in self.entries:
             raise UnknownEntryError(entry_id)
         entry = self._remove(entry_id)
-        self._released_mb += entry.ram_mb
+        if not entry.provisional:
+            self._released_mb += entry.ram_mb
         return entry
 
     def reclaim(self, entry_id: str) -> Entry:
@@ -72,7 +73,8 @@ class Holdings:
         if entry_id not in self.entries:
             raise UnknownEntryError(entry_id)
         entry = self._remove(entry_id)
-        self._reclaimed_mb += entry.ram_mb
+        if not entry.provisional:
+            self._reclaimed_mb += entry.ram_mb
         return entry
 
     def _remove(self, entry_id: str) -> Entry:
