@@ -26,14 +26,18 @@ Both schedulers keep kube-scheduler's default API client rate, as deployed: 50 r
 per second after a burst of 100. It bounds the stock scheduler's Bindings (a burst of
 200 is bound at about 99/s, whatever the machine); the extender's Bindings are posted by
 the operator. ``--qps`` raises both schedulers' rate, to compare what the machine can do.
+``--cpus N`` runs the whole bench (control plane, operator, schedulers, this process) on
+the first N CPUs: the stock scheduler's rate is its client's, the extender's the
+machine's CPU, so comparing N against all says how the ratio moves with cores.
 
-    python bench/scheduler.py [--quick] [--qps N] [--json PATH]
+    python bench/scheduler.py [--quick] [--qps N] [--cpus N] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import sys
 import tempfile
@@ -219,6 +223,7 @@ async def run(args: argparse.Namespace) -> JSON:
     paced, burst = (40, 60) if args.quick else (100, 200)
     figures: JSON = {"paced": paced, "burst": burst, "rate_per_s": RATE, "rounds": rounds}
     figures["scheduler_qps"] = args.qps or "default (50, burst 100)"
+    figures["cpus"] = len(os.sched_getaffinity(0))
     workdir = Path(tempfile.mkdtemp(prefix="headroom-b12-"))
     with ControlPlane(controllers=True) as plane:
         bench = Bench(plane, workdir, args.quick)
@@ -310,7 +315,18 @@ def main(argv: list[str] | None = None) -> int:
         help="both schedulers' API client rate (burst twice that); default: kube-scheduler's "
         "own, 50/s after a burst of 100, which bounds the stock scheduler's Bindings",
     )
+    parser.add_argument(
+        "--cpus",
+        type=int,
+        help="run everything on the first N CPUs (children inherit it; Go's GOMAXPROCS "
+        "follows it); default: every CPU the bench may use",
+    )
     args = parser.parse_args(argv)
+    if args.cpus is not None:
+        available = sorted(os.sched_getaffinity(0))
+        if not 1 <= args.cpus <= len(available):
+            parser.error(f"--cpus {args.cpus}: this machine lets the bench use {len(available)}")
+        os.sched_setaffinity(0, available[: args.cpus])
     figures = asyncio.run(run(args))
     for key, value in figures.items():
         print(f"{key}: {value}")
