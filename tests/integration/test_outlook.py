@@ -352,13 +352,15 @@ def test_a_create_that_fails_after_being_allowed_gives_its_hold_back(
     kubectl: Kubectl,
     namespace: str,
 ) -> None:
-    """Allowed by the webhook, then refused by storage (AlreadyExists): its room is held
-    for a create that never comes, until ``provisionalHold`` (3 s here) gives it back."""
+    """A create whose name a Rejected reservation keeps fails as AlreadyExists after the
+    review: it is held nothing, so the room goes at once to the next create. One refused
+    after the webhook allowed it (here by a ResourceQuota, whose admission runs after the
+    webhooks) had its room held for a create that never comes, until ``provisionalHold``
+    (3 s here) gives it back."""
     node = f"n-{uuid.uuid4().hex[:6]}"
     make_node(node, memory="11Gi")
     run_operator(strict_config(outlook))
     wait_for_outlooks(kubectl, namespace, node)
-    # Its name is taken by a rejected one, which the ledger does not hold.
     rsv.create(custom, namespace, "taken", node, 20_000)
     assert rsv.wait_for(custom, namespace, "taken")["status"]["phase"] == "Rejected"
 
@@ -371,17 +373,51 @@ def test_a_create_that_fails_after_being_allowed_gives_its_hold_back(
         )
 
     with pytest.raises(client.ApiException) as exists:
-        strict("taken", 9000)  # fits: allowed and held; then the name is taken
+        strict("taken", 9000)  # fits, but the name is kept by the rejected one
     assert exists.value.status == 409
-    with pytest.raises(client.ApiException) as refused:
-        strict("other", 9000)  # the hold is still there
-    assert refused.value.status == 403
+    strict("other", 9000)  # nothing was held for the create that failed
+    assert rsv.wait_for(custom, namespace, "other")["status"]["phase"] == "Admitted"
+    rsv.delete(custom, namespace, "other")
+    eventually(lambda: strict("again", 9000), timeout=15, retry_on=(client.ApiException,))
+    rsv.delete(custom, namespace, "again")  # its room comes back once the deletion is seen
+
+    no_more = client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="no-more"),
+        spec=client.V1ResourceQuotaSpec(hard={"count/reservations.headroom.dev": "0"}),
+    )
+    core.create_namespaced_resource_quota(namespace, no_more)
+    # No quota controller runs here: its usage is written as the controller would.
+    counted = {"count/reservations.headroom.dev": "0"}
+    core.patch_namespaced_resource_quota_status(
+        "no-more", namespace, {"status": {"hard": counted, "used": counted}}
+    )
+
+    def quota_in_force() -> None:  # a dry run holds nothing: until admission has the quota
+        body = rsv.reservation("probe", node, 1)
+        with pytest.raises(client.ApiException) as quota:
+            custom.create_namespaced_custom_object(
+                "headroom.dev", "v1alpha1", namespace, "reservations", body, dry_run="All"
+            )
+        assert quota.value.status == 403
+
+    eventually(quota_in_force, timeout=15, retry_on=(pytest.fail.Exception,))
+    with pytest.raises(client.ApiException) as quota:
+        strict("held", 9000)  # allowed and held by the webhook, then refused
+    assert quota.value.status == 403
+    assert "refused at create" not in str(quota.value.body), quota.value.body
+    core.delete_namespaced_resource_quota("no-more", namespace)
+    seen: list[str] = []
 
     def let_in() -> None:
-        strict("other", 9000)
+        try:
+            strict("later", 9000)
+        except client.ApiException as error:
+            seen.append(str(error.body))
+            raise
 
     eventually(let_in, timeout=15, retry_on=(client.ApiException,))
-    assert rsv.wait_for(custom, namespace, "other")["status"]["phase"] == "Admitted"
+    assert any("refused at create" in body for body in seen), "the hold was there first"
+    assert rsv.wait_for(custom, namespace, "later")["status"]["phase"] == "Admitted"
 
 
 def test_with_the_leader_killed_creates_go_on_and_the_new_leader_answers(

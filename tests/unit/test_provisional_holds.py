@@ -10,13 +10,15 @@ from typing import Any, cast
 from headroom.api.constants import OUTLOOK_MODE, STRICT
 from headroom.api.limits import Limits
 from headroom.api.outlook import CAVEAT, Verdict, parse_warning
+from headroom.api.reasons import Phase, Reason
 from headroom.api.selectors import LabelSelector
 from headroom.control.admission import Admission
 from headroom.control.outlook import ReservationOutlook
 from headroom.control.provisional import ProvisionalHolds
-from headroom.control.state import State
+from headroom.control.state import Record, State
 from headroom.ledger import Entry
 from headroom.ledger.quotas import QuotaRules
+from headroom.objects.status import StatusDecision
 
 NOW = datetime(2026, 12, 7, tzinfo=UTC)
 
@@ -186,6 +188,27 @@ def test_a_name_the_ledger_still_holds_gets_no_outlook_and_is_not_refused() -> N
         assert read is not None
         assert read.verdict is Verdict.UNKNOWN
         assert len(holds) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_name_a_rejected_reservation_keeps_gets_no_hold() -> None:
+    """The API server refuses that create as AlreadyExists after the review: a hold taken
+    for it would keep the room from others until its lifetime ran out (issue-32 review)."""
+
+    async def scenario() -> None:
+        answerer, state, holds, _ = _outlook(strict_label=True)
+        refused = StatusDecision(Phase.REJECTED, Reason.INSUFFICIENT_RAM, "full", NOW)
+        assert state.remember(Record("uid-old", "team", "taken", "n", refused))
+        said = answerer.answer(_reservation("taken", 1_000))
+        assert said.refusal is None
+        read = parse_warning(said.warnings[0])
+        assert read is not None
+        assert read.verdict is Verdict.UNKNOWN
+        assert len(holds) == 0
+        state.forget("uid-old", 0.0)  # its object is gone: the name is free again
+        answerer.answer(_reservation("taken", 1_000))
+        assert "uid-taken" in holds
 
     asyncio.run(scenario())
 

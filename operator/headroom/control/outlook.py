@@ -17,7 +17,10 @@ reads from the Namespace itself: the annotation is in the review, and a review c
 be forged by whoever reaches the webhook's port. No hold is taken while reservations
 seen earlier on the node, holding nothing, wait for their decision (they go first,
 in creation order), nor for a name the ledger still holds (a delete and create again
-whose deletion is not seen yet: decided once it is). A dry run holds nothing.
+whose deletion is not seen yet: decided once it is), nor for the name of a Reservation
+known to exist in another phase (Rejected, Reclaimed and kept): the API server refuses
+that create as AlreadyExists after the review, and a hold for it would only keep room
+from others. A dry run holds nothing.
 
 Only a leader with its ledger rebuilt has an outlook to give; any other replica
 says it has none (the serving layer forwards the review to the leader first). With
@@ -166,6 +169,13 @@ class ReservationOutlook:
                 Verdict.UNKNOWN,
                 f"a reservation named {entry.id} is still held (deleted, its deletion not "
                 "seen yet?); this one is decided once it is gone",
+            )
+        existing = self._state.named(entry.id)
+        if existing is not None:  # Rejected or Reclaimed, kept: the API server refuses the name
+            return None, Outlook(
+                Verdict.UNKNOWN,
+                f"a reservation named {entry.id} exists ({existing.decision.phase}); this "
+                "create fails unless it is gone, and is then decided once seen",
             )
         return entry, outlook(ledger, entry, now, entry.wait_until, strict=self._strict_fifo)
 

@@ -113,6 +113,7 @@ class State:
         self._limits = limits
         self._ledger = Ledger(limits)
         self._records: dict[str, Record] = {}  # uid -> record
+        self._named: dict[str, str] = {}  # entry id -> uid of the incarnation last remembered
         self._holders: dict[str, str] = {}  # ledger entry id -> uid of the incarnation held
         self._forgotten: dict[str, float] = {}  # uid -> when its object was known gone
         self._owner_pods: dict[PodKey, SeenPod] = {}  # labelled pods that own reservations
@@ -338,6 +339,7 @@ class State:
                 )
                 return False
         self._records[record.uid] = record
+        self._named[record.entry_id] = record.uid
         if record.held:
             self.hold(record)
         elif record.decision.phase == Phase.QUEUED:
@@ -389,9 +391,16 @@ class State:
         waiting) and drop its record."""
         record = self._records.pop(uid, None)
         if record is not None:
+            if self._named.get(record.entry_id) == uid:
+                del self._named[record.entry_id]
             self.release(record)
             self.stop_waiting(record)
         return record
+
+    def named(self, entry_id: str) -> Record | None:
+        """The record of the reservation named ``entry_id`` known to exist, in any phase."""
+        uid = self._named.get(entry_id)
+        return self._records.get(uid) if uid is not None else None
 
     def waiting_record(self, entry_id: str) -> Record | None:
         """The record of the reservation waiting as ``entry_id`` in its node's queue."""
