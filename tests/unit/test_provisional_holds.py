@@ -13,7 +13,7 @@ from headroom.api.outlook import CAVEAT, Verdict, parse_warning
 from headroom.api.reasons import Phase, Reason
 from headroom.api.selectors import LabelSelector
 from headroom.control.admission import Admission
-from headroom.control.outlook import ReservationOutlook
+from headroom.control.outlook import OutlookAnswer, ReservationOutlook
 from headroom.control.provisional import ProvisionalHolds
 from headroom.control.state import Record, State
 from headroom.ledger import Entry
@@ -178,16 +178,20 @@ def test_no_hold_ahead_of_an_earlier_reservation_still_undecided_on_the_node() -
     asyncio.run(scenario())
 
 
+def _unknown_and_nothing_held(said: OutlookAnswer, holds: ProvisionalHolds) -> None:
+    """The answer for a name already taken: no outlook, no refusal, no hold."""
+    assert said.refusal is None
+    read = parse_warning(said.warnings[0])
+    assert read is not None
+    assert read.verdict is Verdict.UNKNOWN
+    assert len(holds) == 0
+
+
 def test_a_name_the_ledger_still_holds_gets_no_outlook_and_is_not_refused() -> None:
     async def scenario() -> None:
         answerer, state, holds, _ = _outlook(strict_label=True)
         assert state.ledger.reserve(_claim("again", 9_000), NOW).admitted
-        said = answerer.answer(_reservation("again", 9_000))
-        assert said.refusal is None
-        read = parse_warning(said.warnings[0])
-        assert read is not None
-        assert read.verdict is Verdict.UNKNOWN
-        assert len(holds) == 0
+        _unknown_and_nothing_held(answerer.answer(_reservation("again", 9_000)), holds)
 
     asyncio.run(scenario())
 
@@ -200,12 +204,7 @@ def test_a_name_a_rejected_reservation_keeps_gets_no_hold() -> None:
         answerer, state, holds, _ = _outlook(strict_label=True)
         refused = StatusDecision(Phase.REJECTED, Reason.INSUFFICIENT_RAM, "full", NOW)
         assert state.remember(Record("uid-old", "team", "taken", "n", refused))
-        said = answerer.answer(_reservation("taken", 1_000))
-        assert said.refusal is None
-        read = parse_warning(said.warnings[0])
-        assert read is not None
-        assert read.verdict is Verdict.UNKNOWN
-        assert len(holds) == 0
+        _unknown_and_nothing_held(answerer.answer(_reservation("taken", 1_000)), holds)
         state.forget("uid-old", 0.0)  # its object is gone: the name is free again
         answerer.answer(_reservation("taken", 1_000))
         assert "uid-taken" in holds

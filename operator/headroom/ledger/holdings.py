@@ -54,30 +54,26 @@ class Holdings:
         self.entries[entry.id] = entry
         if restored:
             self._restored_mb += entry.ram_mb
-        elif not entry.provisional:
-            self._reserved_mb += entry.ram_mb
+        else:
+            self._reserved_mb += _counted_mb(entry)
         self.deadlines.schedule(entry)
         self._cluster.claimed(entry, +1)
 
     def release(self, entry_id: str) -> Entry:
         """:meth:`Ledger.release`."""
-        if entry_id not in self.entries:
-            raise UnknownEntryError(entry_id)
         entry = self._remove(entry_id)
-        if not entry.provisional:
-            self._released_mb += entry.ram_mb
+        self._released_mb += _counted_mb(entry)
         return entry
 
     def reclaim(self, entry_id: str) -> Entry:
         """:meth:`Ledger.reclaim_entry`."""
-        if entry_id not in self.entries:
-            raise UnknownEntryError(entry_id)
         entry = self._remove(entry_id)
-        if not entry.provisional:
-            self._reclaimed_mb += entry.ram_mb
+        self._reclaimed_mb += _counted_mb(entry)
         return entry
 
     def _remove(self, entry_id: str) -> Entry:
+        if entry_id not in self.entries:
+            raise UnknownEntryError(entry_id)
         entry = self.entries.pop(entry_id)
         self.deadlines.forget(entry_id)
         state = self._nodes[entry.node]
@@ -139,3 +135,9 @@ class Holdings:
 
 def _usage(entry: Entry | None) -> tuple[int, int] | None:
     return (entry.ram_mb, entry.vram_mb) if entry is not None else None
+
+
+def _counted_mb(entry: Entry) -> int:
+    """What ``entry`` adds to the process's MiB counters: a provisional hold nothing (its
+    reservation's own decision counts it)."""
+    return 0 if entry.provisional else entry.ram_mb
